@@ -1,0 +1,204 @@
+"""The apply/skip decision for one training step.
+
+A step is applied only if every gradient is finite (no NaN, +Inf or -Inf);
+otherwise it is skipped, and no variable of the model, no optimizer slot or
+accumulator and no rolled-back moving statistic changes. The decision is one
+`tf.cond` whose two branches are built inside the functions passed to it.
+"""
+
+import collections
+import contextlib
+
+import tensorflow as tf
+# Only to choose the cond implementation for ref variables (see below).
+from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
+
+from tf1_safe_train import counters as counters_lib
+from tf1_safe_train import rollback
+
+tf1 = tf.compat.v1
+
+GuardResult = collections.namedtuple("GuardResult", [
+    "train_op", "applied", "nonfinite_flags", "variable_names", "counters"
+])
+GuardResult.__doc__ = """What `guarded_apply` built.
+
+Attributes:
+  train_op: the step's train op (decision, update or skip, counters,
+    global_step).
+  applied: bool scalar tensor, True if this step's update was applied.
+  nonfinite_flags: bool vector tensor, one flag per checked gradient (True =
+    the gradient held a NaN or an Inf), aligned with `variable_names`.
+  variable_names: Python list of the checked variables' names.
+  counters: `SkipCounters` of int64 tensors read after the step.
+"""
+
+
+def _values(grad):
+  if isinstance(grad, tf.IndexedSlices):
+    return grad.values
+  return grad
+
+
+def is_nonfinite(grad):
+  """Returns a bool scalar: True if `grad` holds any NaN, +Inf or -Inf.
+
+  The test is exact, element by element (`tf.math.is_finite`), and never a sum
+  or norm of the raw values, which would overflow into a false positive for
+  large finite gradients. It runs on the gradient's own device.
+
+  Args:
+    grad: a float Tensor (float16, bfloat16, float32, float64) or an
+      `IndexedSlices`, whose `.values` are checked.
+
+  Returns:
+    A bool scalar tensor.
+  """
+  values = _values(grad)
+  with tf1.colocate_with(values.op), tf1.name_scope("is_nonfinite"):
+    return tf.logical_not(tf.reduce_all(tf.math.is_finite(values)))
+
+
+def nonfinite_flags(grads):
+  """Returns a bool vector with one `is_nonfinite` flag per non-None gradient.
+
+  Args:
+    grads: a list of gradients; `None` entries are ignored.
+
+  Returns:
+    A bool tensor of shape [number of non-None gradients].
+  """
+  flags = [is_nonfinite(g) for g in grads if g is not None]
+  if not flags:
+    return tf.zeros([0], dtype=tf.bool)
+  return tf.stack(flags)
+
+
+def count_nonfinite(grads):
+  """Returns an int32 scalar: how many of `grads` hold a non-finite value."""
+  return tf.reduce_sum(tf.cast(nonfinite_flags(grads), tf.int32))
+
+
+def _increment(variable):
+  return tf1.assign_add(variable, tf.constant(1, dtype=variable.dtype.base_dtype))
+
+
+def _is_ref_variable(variable):
+  return not hasattr(variable, "handle")
+
+
+@contextlib.contextmanager
+def _control_flow_for(variables):
+  """Builds a `tf.cond` that can capture `variables`.
+
+  Control flow v2 builds the branches as functions, which cannot capture ref
+  variables (`tf.compat.v1.disable_resource_variables()`, legacy code): for
+  those the decision is built with v1 control flow, which TF still supports
+  in graph mode. Resource variables keep whatever implementation is enabled.
+
+  Args:
+    variables: every variable the branches read or write.
+
+  Yields:
+    Nothing; the cond is built inside the block.
+  """
+  if not (control_flow_util.ENABLE_CONTROL_FLOW_V2 and
+          any(_is_ref_variable(v) for v in variables)):
+    yield
+    return
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+  try:
+    yield
+  finally:
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = True
+
+
+def guarded_apply(grads_and_vars,
+                  apply_fn,
+                  global_step=None,
+                  increment_global_step_on_skip=True,
+                  update_ops=None,
+                  extra_nonfinite=(),
+                  name="skip_nonfinite"):
+  """Builds one step that applies `apply_fn` only if every gradient is finite.
+
+  Args:
+    grads_and_vars: list of (gradient, variable) pairs; `None` gradients are
+      ignored, `IndexedSlices` are checked through their values.
+    apply_fn: `apply_fn(grads_and_vars) -> Operation` builds the update (the
+      optimizer's `apply_gradients` without `global_step`, plus anything that
+      must happen only on an applied step, e.g. an EMA of the weights). It is
+      called inside the apply branch of the `tf.cond`, so nothing it builds
+      runs on a skipped step.
+    global_step: optional int variable advanced by this step.
+    increment_global_step_on_skip: if True (default) `global_step` advances on
+      every step (it counts batches consumed, so `StopAtStepHook` ends the run);
+      if False only on applied steps.
+    update_ops: ops built during the forward pass that write variables, e.g.
+      batch-norm moving statistics from `UPDATE_OPS`. They run before the
+      decision, and on a skipped step the variables they wrote take back their
+      last applied value (see `rollback`).
+    extra_nonfinite: bool scalar tensors that also skip the step when True,
+      e.g. one per tower from `count_nonfinite(tower_grads) > 0`.
+    name: name scope of the step's ops.
+
+  Returns:
+    A `GuardResult`.
+
+  Raises:
+    ValueError: if no gradient is given.
+  """
+  grads_and_vars = tuple(grads_and_vars)
+  checked = [(g, v) for g, v in grads_and_vars if g is not None]
+  if not checked:
+    raise ValueError("guarded_apply: no gradient for any of %d variables" %
+                     len(grads_and_vars))
+  update_ops = list(update_ops or [])
+  counters = counters_lib.skip_counters()
+  protected = rollback.Rollback(rollback.written_variables(update_ops))
+  with tf1.name_scope(name):
+    flags = nonfinite_flags([g for g, _ in checked])
+    nonfinite = tf.reduce_any(flags)
+    for extra in extra_nonfinite:
+      nonfinite = tf.logical_or(nonfinite, extra)
+    # The decision waits for the forward-pass updates, so the branches see
+    # (and save or undo) what they wrote.
+    with tf1.control_dependencies([rollback.as_op(u) for u in update_ops]):
+      all_finite = tf.logical_not(nonfinite, name="all_finite")
+
+    def _apply_branch():
+      with tf1.name_scope("apply"):
+        update = apply_fn(list(grads_and_vars))
+        with tf1.control_dependencies([update]):
+          steps = [protected.commit(),
+                   _increment(counters.applied_steps),
+                   tf1.assign(counters.consecutive_skips,
+                              tf.constant(0, dtype=tf.int64))]
+          if global_step is not None and not increment_global_step_on_skip:
+            steps.append(_increment(global_step))
+        with tf1.control_dependencies(steps):
+          return tf.identity(tf.constant(True))
+
+    def _skip_branch():
+      with tf1.name_scope("skip"):
+        steps = [protected.restore(),
+                 _increment(counters.skipped_steps),
+                 _increment(counters.consecutive_skips)]
+        with tf1.control_dependencies(steps):
+          return tf.identity(tf.constant(False))
+
+    touched = ([v for _, v in checked] + protected.variables + list(counters) +
+               ([global_step] if global_step is not None else []))
+    with _control_flow_for(touched):
+      applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
+    step_ops = [applied]
+    if global_step is not None and increment_global_step_on_skip:
+      with tf1.control_dependencies([applied]):
+        step_ops.append(_increment(global_step))
+    train_op = tf.group(*step_ops, name="train_op")
+  return GuardResult(
+      train_op=train_op,
+      applied=applied,
+      nonfinite_flags=flags,
+      variable_names=[v.op.name for _, v in checked],
+      counters=counters_lib.read_after(counters, train_op))

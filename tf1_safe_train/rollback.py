@@ -1,0 +1,130 @@
+"""Rollback of variables written outside the apply/skip decision.
+
+Batch-norm moving statistics are written by update ops built during the
+forward pass, outside the `tf.cond` that decides a step, so they cannot be
+moved into its apply branch. Each such variable gets a shadow copy: the apply
+branch copies the variable into its shadow, the skip branch copies the shadow
+back, so after a skipped step the variable holds its last applied value again.
+"""
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+# Op types that write the variable given as their first input.
+_WRITE_OP_TYPES = frozenset([
+    "Assign", "AssignAdd", "AssignSub",
+    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "ScatterUpdate", "ScatterAdd", "ScatterSub",
+    "ResourceScatterUpdate", "ResourceScatterAdd", "ResourceScatterSub",
+])
+# Op types an update op may be wrapped in (identity, group, read-after-write).
+_PASS_THROUGH_OP_TYPES = frozenset(["Identity", "IdentityN", "NoOp",
+                                    "ReadVariableOp"])
+# Graph collection of (variable, shadow) pairs, so shadows are made once.
+_SHADOWS_COLLECTION = "tf1_safe_train_rollback_shadows"
+
+
+def as_op(op_or_tensor):
+  """Returns the Operation of an Operation, a Tensor or a variable read."""
+  # Tensors, Operations and resource variables' lazy reads all have `.op`
+  # except Operations themselves.
+  return op_or_tensor if isinstance(op_or_tensor, tf1.Operation) else (
+      op_or_tensor.op)
+
+
+def _variable_ops(graph):
+  """Maps each variable's defining op to the variable."""
+  variables = (graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
+               graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES))
+  return {v.op: v for v in variables}
+
+
+def written_variables(update_ops):
+  """Returns the variables written by `update_ops`, in a stable order.
+
+  Each update op is followed through identities, groups and reads until the
+  ops that write a variable (`AssignSub` for the usual moving average, any
+  assign or scatter); the search stops there, so it never walks the forward
+  pass.
+
+  Args:
+    update_ops: Operations, Tensors or variable reads, e.g. the contents of
+      `tf.compat.v1.GraphKeys.UPDATE_OPS`.
+
+  Returns:
+    A list of variables.
+
+  Raises:
+    ValueError: if an update op writes something that is not a variable of the
+      graph's global or local variables collections.
+  """
+  if not update_ops:
+    return []
+  ops = [as_op(u) for u in update_ops]
+  var_ops = _variable_ops(ops[0].graph)
+  found, seen, stack = {}, set(), list(reversed(ops))
+  while stack:
+    op = stack.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    if op.type in _WRITE_OP_TYPES:
+      target = op.inputs[0].op
+      while target not in var_ops and target.type == "Identity":
+        target = target.inputs[0].op
+      if target not in var_ops:
+        raise ValueError(
+            "update op %s writes %s, which is not a global or local variable "
+            "and cannot be rolled back on a skipped step" % (op.name,
+                                                             target.name))
+      found.setdefault(target.name, var_ops[target])
+    elif op.type in _PASS_THROUGH_OP_TYPES:
+      stack.extend(reversed([t.op for t in op.inputs] +
+                            list(op.control_inputs)))
+  return [found[name] for name in sorted(found)]
+
+
+def _shadow(variable):
+  """Returns the shadow of `variable`, creating it on first use."""
+  graph = variable.graph
+  for var, shadow in graph.get_collection(_SHADOWS_COLLECTION):
+    if var is variable:
+      return shadow
+  with tf1.init_scope(), graph.name_scope(None), tf1.colocate_with(variable):
+    # Saved in checkpoints with the variable: after a restart, a skip must
+    # restore the restored value, not the initial one.
+    shadow = tf1.Variable(
+        variable.initial_value,
+        name=variable.op.name + "/skip_shadow",
+        trainable=False,
+        collections=[tf1.GraphKeys.GLOBAL_VARIABLES],
+        use_resource=hasattr(variable, "handle"))
+  graph.add_to_collection(_SHADOWS_COLLECTION, (variable, shadow))
+  return shadow
+
+
+class Rollback(object):
+  """Shadow copies of variables, saved on apply and restored on skip."""
+
+  def __init__(self, variables):
+    """Creates (or reuses) a shadow for each variable.
+
+    Args:
+      variables: the variables to protect.
+    """
+    self._pairs = [(v, _shadow(v)) for v in variables]
+
+  @property
+  def variables(self):
+    return [v for v, _ in self._pairs]
+
+  def commit(self, name="commit"):
+    """Op for the apply branch: each shadow takes its variable's value."""
+    with tf1.name_scope(name):
+      return tf.group(*[tf1.assign(s, v.read_value()) for v, s in self._pairs])
+
+  def restore(self, name="restore"):
+    """Op for the skip branch: each variable takes back its shadow's value."""
+    with tf1.name_scope(name):
+      return tf.group(*[tf1.assign(v, s.read_value()) for v, s in self._pairs])
