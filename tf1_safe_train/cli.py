@@ -1,0 +1,74 @@
+"""What the binaries share at the edge: flag parsing and one-line errors.
+
+Bad input (a flag, a data file, a cluster spec) must end the program with one
+clear line naming the problem and a non-zero exit, never a traceback. The
+binaries parse their flags before TensorFlow is imported, so a bad flag fails
+at once and without TensorFlow's start-up messages.
+"""
+
+import os
+import sys
+
+from absl import flags
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(program, message, exit_code=EXIT_BAD_INPUT):
+  """Prints `<program>: error: <message>` on one line and exits."""
+  message = " ".join(str(message).split())  # One line, whatever it held.
+  sys.stderr.write("%s: error: %s\n" % (program, message))
+  sys.stderr.flush()
+  sys.exit(exit_code)
+
+
+def flags_parser(program):
+  """Returns an absl `flags_parser` that reports bad flags in one line."""
+
+  def parse(argv):
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      fail(program, "%s (see --helpfull)" % e)
+
+  return parse
+
+
+def resolve_path(path):
+  """Resolves a relative `path` against the directory `bazel run` ran from.
+
+  `bazel run` starts the binary in its runfiles tree; Bazel exports the
+  user's directory as BUILD_WORKING_DIRECTORY.
+
+  Args:
+    path: a path, or '' (returned as is).
+
+  Returns:
+    An absolute path, or ''.
+  """
+  if not path:
+    return path
+  path = os.path.expanduser(path)
+  base = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
+  return os.path.normpath(os.path.join(base, path))
+
+
+def import_tensorflow():
+  """Imports TensorFlow after flag parsing, with its Python logging tamed.
+
+  TF's own log handler would print every record a second time next to absl's;
+  its C++ start-up messages are left to TF_CPP_MIN_LOG_LEVEL (default here: 1).
+
+  Returns:
+    The `tensorflow` module.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.get_logger().handlers = []
+  return tf
+
+
+def describe_op_error(error):
+  """One line for a TensorFlow `OpError`: its type and first message line."""
+  first_line = (error.message or "").strip().splitlines()[:1]
+  return "%s: %s" % (type(error).__name__, first_line[0] if first_line else "")

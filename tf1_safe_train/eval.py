@@ -1,0 +1,59 @@
+r"""`//:eval`: precision@1 and loss of the latest checkpoint of --train_dir.
+
+  ./bazelw run //:eval -- --train_dir=/tmp/run1
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tf1_safe_train import cli
+from tf1_safe_train import params as params_lib
+
+_DEFAULTS = params_lib.EvalParams()
+
+flags.DEFINE_string("train_dir", _DEFAULTS.train_dir,
+                    "The training run's directory (its latest checkpoint).")
+flags.DEFINE_enum("model", _DEFAULTS.model, params_lib.MODELS,
+                  "The model the run trained.")
+flags.DEFINE_enum("dataset", _DEFAULTS.dataset, params_lib.DATASETS,
+                  "The dataset whose test split is evaluated.")
+flags.DEFINE_string("data_dir", "", "Folder of test_batch.bin for cifar10.")
+flags.DEFINE_integer("batch_size", _DEFAULTS.batch_size, "Evaluation batch.")
+flags.DEFINE_integer("max_examples", _DEFAULTS.max_examples,
+                     "Evaluate at most this many examples; 0 = all.")
+
+FLAGS = flags.FLAGS
+_PROGRAM = "eval"
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(_PROGRAM, "unexpected arguments: %s" % " ".join(argv[1:]))
+  logging.set_verbosity(logging.INFO)
+  tf = cli.import_tensorflow()
+  # pylint: disable=g-import-not-at-top
+  from tf1_safe_train import eval_lib
+  from tf1_safe_train.data import cifar10
+  # pylint: enable=g-import-not-at-top
+  try:
+    params = params_lib.EvalParams(
+        train_dir=cli.resolve_path(FLAGS.train_dir),
+        model=FLAGS.model,
+        dataset=FLAGS.dataset,
+        data_dir=cli.resolve_path(FLAGS.data_dir),
+        batch_size=FLAGS.batch_size,
+        max_examples=FLAGS.max_examples).validate()
+    result = eval_lib.evaluate(params)
+  except (params_lib.ParamsError, cifar10.DataError,
+          eval_lib.NoCheckpointError) as e:
+    cli.fail(_PROGRAM, e)
+  except tf.errors.OpError as e:
+    cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
+  print("eval: step %d  precision@1 %.4f  loss %.4f  (%d examples%s)" % (
+      result["global_step"], result["precision_at_1"], result["loss"],
+      result["num_examples"], ", EMA weights" if result["used_ema"] else ""))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.flags_parser(_PROGRAM))

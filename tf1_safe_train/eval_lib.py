@@ -1,0 +1,102 @@
+"""Evaluation of the latest checkpoint: precision@1 and loss on the test split.
+
+Weights come from the exponential moving average when the checkpoint holds one
+(`--moving_average_decay` > 0 at training time), as in the classic TF1
+cifar10_eval.
+"""
+
+import os
+
+import tensorflow as tf
+
+from tf1_safe_train import data
+from tf1_safe_train import models
+
+tf1 = tf.compat.v1
+
+_EMA_SUFFIX = "/ExponentialMovingAverage"
+
+
+class NoCheckpointError(ValueError):
+  """The train directory holds no checkpoint."""
+
+
+def _restore_map(checkpoint, variables):
+  """Maps checkpoint names to `variables`, preferring EMA shadows."""
+  available = set(name for name, _ in tf1.train.list_variables(checkpoint))
+  mapping, used_ema = {}, False
+  for v in variables:
+    name = v.op.name
+    if name + _EMA_SUFFIX in available:
+      mapping[name + _EMA_SUFFIX] = v
+      used_ema = True
+    else:
+      mapping[name] = v
+  return mapping, used_ema
+
+
+def evaluate(params):
+  """Evaluates the latest checkpoint of `params.train_dir`.
+
+  Args:
+    params: validated `params.EvalParams`.
+
+  Returns:
+    A dict: precision_at_1, loss, num_examples, global_step, checkpoint,
+    used_ema.
+
+  Raises:
+    NoCheckpointError: if `train_dir` has no checkpoint.
+  """
+  params.validate()
+  checkpoint = tf1.train.latest_checkpoint(params.train_dir)
+  if checkpoint is None:
+    raise NoCheckpointError("no checkpoint in --train_dir=%s" %
+                            params.train_dir)
+  with tf.Graph().as_default():
+    dataset = data.get_dataset(params.dataset, "test", params.batch_size,
+                               data_dir=params.data_dir)
+    images, labels = tf1.data.make_one_shot_iterator(dataset).get_next()
+    logits = models.get_model(params.model)(
+        images, is_training=False, num_classes=data.NUM_CLASSES)
+    labels = tf.cast(labels, tf.int32)
+    loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+    correct = tf.reduce_sum(tf.cast(tf.nn.in_top_k(
+        predictions=logits, targets=labels, k=1), tf.int64))
+    mapping, used_ema = _restore_map(checkpoint, tf1.global_variables())
+    saver = tf1.train.Saver(var_list=mapping)
+    total_correct, total_loss, total = 0, 0.0, 0
+    with tf1.Session() as session:
+      saver.restore(session, checkpoint)
+      while not params.max_examples or total < params.max_examples:
+        try:
+          batch_correct, batch_loss = session.run([correct, loss])
+        except tf.errors.OutOfRangeError:
+          break
+        total_correct += int(batch_correct)
+        total_loss += float(batch_loss)
+        total += params.batch_size
+  global_step = int(tf1.train.load_checkpoint(checkpoint).get_tensor(
+      "global_step"))
+  result = {
+      "precision_at_1": total_correct / float(max(total, 1)),
+      "loss": total_loss / float(max(total, 1)),
+      "num_examples": total,
+      "global_step": global_step,
+      "checkpoint": checkpoint,
+      "used_ema": used_ema,
+  }
+  _write_summary(os.path.join(params.train_dir, "eval"), result)
+  return result
+
+
+def _write_summary(eval_dir, result):
+  with tf.Graph().as_default():
+    writer = tf1.summary.FileWriter(eval_dir)
+    writer.add_summary(tf1.Summary(value=[
+        tf1.Summary.Value(tag="eval/precision_at_1",
+                          simple_value=result["precision_at_1"]),
+        tf1.Summary.Value(tag="eval/loss", simple_value=result["loss"]),
+    ]), result["global_step"])
+    writer.close()

@@ -1,0 +1,234 @@
+"""SessionRunHooks that make skips visible: progress, skip report, give-up.
+
+Every value a hook reports is read after the step's update (the counters come
+from `counters.read_after`, the applied flag from the decision itself), never
+from a raw variable read that is unordered relative to the update.
+"""
+
+import signal
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+class ProgressHook(tf1.train.SessionRunHook):
+  """Logs step, loss, learning rate, examples/s, applied and skipped."""
+
+  def __init__(self, step_index, loss, learning_rate, counters,
+               examples_per_step, every_n_steps, summary_dir=None):
+    """Creates the hook.
+
+    Args:
+      step_index: int scalar tensor, global_step at the start of the step.
+      loss: float scalar tensor, the step's mean loss over towers.
+      learning_rate: float scalar tensor.
+      counters: `SkipCounters` of tensors read after the step.
+      examples_per_step: examples consumed by one step (all towers).
+      every_n_steps: log every this many steps.
+      summary_dir: if set, also write an `examples_per_sec` summary there.
+    """
+    self._fetches = {"step": step_index, "loss": loss, "lr": learning_rate,
+                     "counters": counters}
+    self._examples_per_step = examples_per_step
+    self._every_n = every_n_steps
+    self._summary_dir = summary_dir
+    self._last_time = None
+    self._last_step = None
+    self.examples_per_sec = None
+
+  def begin(self):
+    self._last_time = None
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._fetches)
+
+  def after_run(self, run_context, run_values):
+    results = run_values.results
+    step = int(results["step"])
+    now = time.time()
+    if self._last_time is None:
+      # The first step includes graph optimisation: do not time it.
+      self._last_time, self._last_step = now, step
+      return
+    if (step + 1) % self._every_n:
+      return
+    steps = step - self._last_step
+    if steps > 0:
+      self.examples_per_sec = (steps * self._examples_per_step /
+                               max(now - self._last_time, 1e-9))
+    self._last_time, self._last_step = now, step
+    counters = results["counters"]
+    logging.info(
+        "step %d  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d",
+        step + 1, results["loss"], results["lr"],
+        "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
+        counters.applied_steps, counters.skipped_steps)
+    if self._summary_dir and self.examples_per_sec:
+      writer = tf1.summary.FileWriterCache.get(self._summary_dir)
+      writer.add_summary(
+          tf1.Summary(value=[tf1.Summary.Value(
+              tag="examples_per_sec", simple_value=self.examples_per_sec)]),
+          step + 1)
+
+
+def describe_skip(step, tower_flags, average_flags, variable_names,
+                  tower_devices, max_names=5):
+  """Returns the one-line report of a skipped step.
+
+  Args:
+    step: the step index (global_step at its start).
+    tower_flags: bool array [num_towers, num_variables], per-tower non-finite
+      gradient flags.
+    average_flags: bool array [num_variables], flags of the averaged gradients.
+    variable_names: names aligned with the flags' last axis.
+    tower_devices: device string of each tower.
+    max_names: how many variable names to list before "+N more".
+
+  Returns:
+    A string.
+  """
+  tower_flags = np.asarray(tower_flags, dtype=bool).reshape(
+      len(tower_devices), -1)
+  bad_towers = [i for i in range(len(tower_devices)) if tower_flags[i].any()]
+  by_variable = tower_flags.any(axis=0) | np.asarray(average_flags, dtype=bool)
+  names = [n for n, bad in zip(variable_names, by_variable) if bad]
+  shown = ", ".join(names[:max_names])
+  if len(names) > max_names:
+    shown += ", ... (+%d more, %d in all)" % (len(names) - max_names,
+                                             len(names))
+  if bad_towers:
+    where = "in tower%s %s" % (
+        "s" if len(bad_towers) > 1 else "",
+        ", ".join("%d (%s)" % (i, tower_devices[i]) for i in bad_towers))
+  else:
+    where = "in the averaged gradients (every tower was finite: overflow)"
+  return "skipped step %d: non-finite gradients %s; variables: %s" % (
+      step, where, shown or "-")
+
+
+class SkipReportHook(tf1.train.SessionRunHook):
+  """On every skipped step, logs where the non-finite gradients were."""
+
+  def __init__(self, step_index, applied, tower_flags, average_flags,
+               variable_names, tower_devices):
+    """Creates the hook.
+
+    Args:
+      step_index: int scalar tensor, global_step at the start of the step.
+      applied: bool scalar tensor from the decision.
+      tower_flags: bool tensor [num_towers, num_variables].
+      average_flags: bool tensor [num_variables].
+      variable_names: Python list aligned with the flags.
+      tower_devices: Python list of each tower's device string.
+    """
+    self._fetches = {"step": step_index, "applied": applied,
+                     "towers": tower_flags, "average": average_flags}
+    self._variable_names = list(variable_names)
+    self._tower_devices = list(tower_devices)
+    self.reports = []
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._fetches)
+
+  def after_run(self, run_context, run_values):
+    results = run_values.results
+    if results["applied"]:
+      return
+    report = describe_skip(int(results["step"]), results["towers"],
+                           results["average"], self._variable_names,
+                           self._tower_devices)
+    self.reports.append(report)
+    logging.warning("%s", report)
+
+
+class GiveUpHook(tf1.train.SessionRunHook):
+  """Stops the run after `max_consecutive_skips` skipped steps in a row.
+
+  It requests a stop rather than raising, so the session closes normally and
+  the final checkpoint is written: skipped steps change nothing of the model,
+  so that checkpoint holds the last good state. `gave_up` tells the caller.
+  """
+
+  def __init__(self, consecutive_skips, max_consecutive_skips):
+    """Creates the hook.
+
+    Args:
+      consecutive_skips: int tensor read after the step.
+      max_consecutive_skips: give up when this many steps in a row were
+        skipped; 0 never gives up.
+    """
+    self._consecutive_skips = consecutive_skips
+    self._max = max_consecutive_skips
+    self.gave_up = False
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._consecutive_skips)
+
+  def after_run(self, run_context, run_values):
+    if self._max and run_values.results >= self._max:
+      self.gave_up = True
+      logging.error("giving up: %d consecutive steps skipped "
+                    "(--max_consecutive_skips=%d)", run_values.results,
+                    self._max)
+      run_context.request_stop()
+
+
+class StopOnSignalHook(tf1.train.SessionRunHook):
+  """Turns SIGTERM and Ctrl-C into a clean stop (final checkpoint, summary).
+
+  Install the handlers with `install()` from the main thread and remove them
+  with `uninstall()`; a second signal while stopping kills as usual.
+  """
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self._signals = signals
+    self._previous = {}
+    self.interrupted = False
+
+  def install(self):
+    for sig in self._signals:
+      self._previous[sig] = signal.signal(sig, self._handle)
+
+  def uninstall(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame  # Unused.
+    if self.interrupted:  # Second signal: stop waiting.
+      self.uninstall()
+      signal.raise_signal(signum)
+      return
+    logging.warning("signal %d: stopping after this step", signum)
+    self.interrupted = True
+
+  def after_run(self, run_context, run_values):
+    if self.interrupted:
+      run_context.request_stop()
+
+
+class RunStatsHook(tf1.train.SessionRunHook):
+  """Keeps the latest values `run_summary.json` reports."""
+
+  def __init__(self, fetches):
+    """Creates the hook.
+
+    Args:
+      fetches: dict of tensors to fetch every step; the latest values are in
+        `latest` after each step.
+    """
+    self._fetches = fetches
+    self.latest = None
+    self.steps_run = 0
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._fetches)
+
+  def after_run(self, run_context, run_values):
+    self.latest = run_values.results
+    self.steps_run += 1

@@ -1,0 +1,115 @@
+"""Optimisation settings: optimizer, learning-rate schedule, gradient clipping.
+
+The schedule reads a step tensor chosen by the caller (by default the trainer
+passes `applied_steps`, so a skipped step does not decay the rate). Clipping
+runs after the finiteness check, inside the apply branch, and computes the
+global norm in a way that cannot overflow for finite gradients.
+"""
+
+import math
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+def make_optimizer(name, learning_rate):
+  """Returns the `tf.compat.v1.train.Optimizer` called `name`.
+
+  Args:
+    name: 'momentum' (0.9), 'sgd', 'adam' or 'rmsprop' (decay 0.9, momentum
+      0.9, epsilon 1.0 as in tf_cnn_benchmarks).
+    learning_rate: float or scalar tensor.
+
+  Raises:
+    ValueError: for an unknown name.
+  """
+  if name == "momentum":
+    return tf1.train.MomentumOptimizer(learning_rate, momentum=0.9)
+  if name == "sgd":
+    return tf1.train.GradientDescentOptimizer(learning_rate)
+  if name == "adam":
+    return tf1.train.AdamOptimizer(learning_rate)
+  if name == "rmsprop":
+    return tf1.train.RMSPropOptimizer(
+        learning_rate, decay=0.9, momentum=0.9, epsilon=1.0)
+  raise ValueError("unknown optimizer %r" % (name,))
+
+
+def learning_rate(schedule, base_rate, step, total_steps):
+  """Returns the learning rate at `step` as a float32 scalar tensor.
+
+  Args:
+    schedule: 'constant'; 'piecewise' (x0.1 at 50% and again at 75% of
+      `total_steps`); or 'cosine' (from `base_rate` to 0 over `total_steps`).
+    base_rate: the initial learning rate.
+    step: int scalar tensor driving the schedule.
+    total_steps: the run's length in steps (`max_steps`).
+
+  Raises:
+    ValueError: for an unknown schedule.
+  """
+  with tf1.name_scope("learning_rate"):
+    step = tf.cast(step, tf.float32)
+    if schedule == "constant":
+      return tf.constant(base_rate, dtype=tf.float32)
+    if schedule == "piecewise":
+      boundaries = [int(total_steps * 0.5), int(total_steps * 0.75)]
+      rates = [base_rate, base_rate * 0.1, base_rate * 0.01]
+      return tf1.train.piecewise_constant(
+          step, [float(b) for b in boundaries], rates)
+    if schedule == "cosine":
+      progress = tf.minimum(step / float(max(total_steps, 1)), 1.0)
+      return base_rate * 0.5 * (1.0 + tf.cos(math.pi * progress))
+  raise ValueError("unknown learning-rate schedule %r" % (schedule,))
+
+
+def global_norm(tensors):
+  """The global L2 norm of `tensors`, without overflow for finite values.
+
+  `tf.linalg.global_norm` squares the raw values, so finite gradients near the
+  float32 maximum give an infinite norm, and `tf.clip_by_global_norm` then
+  turns every gradient into NaN. Scaling by the largest magnitude first keeps
+  the sum of squares in range.
+
+  Args:
+    tensors: list of Tensors or IndexedSlices (None entries ignored).
+
+  Returns:
+    A float32 scalar tensor.
+  """
+  values = [tf.cast(t.values if isinstance(t, tf.IndexedSlices) else t,
+                    tf.float32) for t in tensors if t is not None]
+  with tf1.name_scope("global_norm"):
+    scale = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(v)) for v in values]))
+    safe_scale = tf.where(scale > 0, scale, tf.ones_like(scale))
+    sum_squares = tf.add_n(
+        [tf.reduce_sum(tf.square(v / safe_scale)) for v in values])
+    return safe_scale * tf.sqrt(sum_squares)
+
+
+def clip_by_global_norm(grads_and_vars, clip_norm):
+  """Scales all gradients so that their global norm is at most `clip_norm`.
+
+  Args:
+    grads_and_vars: list of (gradient, variable); all gradients finite.
+    clip_norm: positive float.
+
+  Returns:
+    (clipped grads_and_vars, the global norm before clipping).
+  """
+  grads = [g for g, _ in grads_and_vars]
+  with tf1.name_scope("clip_by_global_norm"):
+    norm = global_norm(grads)
+    factor = clip_norm / tf.maximum(norm, clip_norm)
+    clipped = []
+    for g, v in grads_and_vars:
+      if g is None:
+        clipped.append((g, v))
+      elif isinstance(g, tf.IndexedSlices):
+        clipped.append((tf.IndexedSlices(
+            g.values * tf.cast(factor, g.values.dtype), g.indices,
+            g.dense_shape), v))
+      else:
+        clipped.append((g * tf.cast(factor, g.dtype), v))
+  return clipped, norm

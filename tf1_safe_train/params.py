@@ -1,0 +1,142 @@
+"""Training and evaluation parameters: one validated, immutable object each.
+
+The binaries' `main` modules turn their flags into these; library code and
+tests build them directly (`TrainParams(model="resnet20", max_steps=3)`).
+Every field has a default; `validate()` raises `ParamsError` naming the bad
+value.
+"""
+
+import dataclasses
+
+MODELS = ("small_cnn", "resnet20")
+DATASETS = ("synthetic", "cifar10")
+DEVICES = ("gpu", "cpu")
+OPTIMIZERS = ("momentum", "sgd", "adam", "rmsprop")
+LR_SCHEDULES = ("constant", "piecewise", "cosine")
+LR_STEPS = ("applied_steps", "global_step")
+INJECT_INTO = ("grads", "loss", "input")
+
+
+class ParamsError(ValueError):
+  """A parameter has a bad value; the message names it in one line."""
+
+
+def _check(condition, message, *args):
+  if not condition:
+    raise ParamsError(message % args)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainParams(object):
+  """Everything `train_lib.train` needs. Fields mirror the `//:train` flags."""
+  train_dir: str = "/tmp/tf1_safe_train"
+  model: str = "small_cnn"
+  dataset: str = "synthetic"
+  data_dir: str = ""
+  num_towers: int = 2
+  device: str = "cpu"
+  batch_size: int = 32
+  optimizer: str = "momentum"
+  learning_rate: float = 0.05
+  lr_schedule: str = "constant"
+  lr_schedule_step: str = "applied_steps"
+  weight_decay: float = 1e-4
+  clip_gradient_norm: float = 0.0
+  moving_average_decay: float = 0.0
+  increment_global_step_on_skip: bool = True
+  max_steps: int = 1000
+  max_consecutive_skips: int = 50
+  save_checkpoints_steps: int = 200
+  save_summaries_steps: int = 100
+  log_every_n_steps: int = 50
+  inject_nonfinite: str = ""
+  inject_into: str = "grads"
+  seed: int = 0
+
+  def validate(self):
+    """Returns self if every field is valid; raises ParamsError otherwise."""
+    _check(bool(self.train_dir), "--train_dir must not be empty")
+    _check(self.model in MODELS, "--model=%r: must be one of %s", self.model,
+           ", ".join(MODELS))
+    _check(self.dataset in DATASETS, "--dataset=%r: must be one of %s",
+           self.dataset, ", ".join(DATASETS))
+    _check(self.dataset != "cifar10" or bool(self.data_dir),
+           "--dataset=cifar10 needs --data_dir (the folder of data_batch_*.bin)")
+    _check(_is_int(self.num_towers) and self.num_towers >= 1,
+           "--num_towers=%r: must be an integer >= 1", self.num_towers)
+    _check(self.device in DEVICES, "--device=%r: must be one of %s",
+           self.device, ", ".join(DEVICES))
+    _check(_is_int(self.batch_size) and self.batch_size >= 1,
+           "--batch_size=%r: must be an integer >= 1 (per tower)",
+           self.batch_size)
+    _check(self.optimizer in OPTIMIZERS, "--optimizer=%r: must be one of %s",
+           self.optimizer, ", ".join(OPTIMIZERS))
+    _check(self.learning_rate > 0, "--learning_rate=%r: must be > 0",
+           self.learning_rate)
+    _check(self.lr_schedule in LR_SCHEDULES,
+           "--lr_schedule=%r: must be one of %s", self.lr_schedule,
+           ", ".join(LR_SCHEDULES))
+    _check(self.lr_schedule_step in LR_STEPS,
+           "--lr_schedule_step=%r: must be one of %s", self.lr_schedule_step,
+           ", ".join(LR_STEPS))
+    _check(self.weight_decay >= 0, "--weight_decay=%r: must be >= 0",
+           self.weight_decay)
+    _check(self.clip_gradient_norm >= 0,
+           "--clip_gradient_norm=%r: must be >= 0 (0 = off)",
+           self.clip_gradient_norm)
+    _check(0 <= self.moving_average_decay < 1,
+           "--moving_average_decay=%r: must be in [0, 1) (0 = off)",
+           self.moving_average_decay)
+    _check(_is_int(self.max_steps) and self.max_steps >= 1,
+           "--max_steps=%r: must be an integer >= 1", self.max_steps)
+    _check(_is_int(self.max_consecutive_skips) and
+           self.max_consecutive_skips >= 0,
+           "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
+           "give up)", self.max_consecutive_skips)
+    for name in ("save_checkpoints_steps", "save_summaries_steps",
+                 "log_every_n_steps"):
+      value = getattr(self, name)
+      _check(_is_int(value) and value >= 1, "--%s=%r: must be an integer >= 1",
+             name, value)
+    _check(self.inject_into in INJECT_INTO, "--inject_into=%r: must be one of %s",
+           self.inject_into, ", ".join(INJECT_INTO))
+    _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
+    return self
+
+  def replace(self, **changes):
+    """Returns a validated copy with `changes` applied."""
+    return dataclasses.replace(self, **changes).validate()
+
+  def to_dict(self):
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParams(object):
+  """Everything `eval_lib.evaluate` needs. Fields mirror the `//:eval` flags."""
+  train_dir: str = "/tmp/tf1_safe_train"
+  model: str = "small_cnn"
+  dataset: str = "synthetic"
+  data_dir: str = ""
+  batch_size: int = 100
+  max_examples: int = 0
+
+  def validate(self):
+    """Returns self if every field is valid; raises ParamsError otherwise."""
+    _check(bool(self.train_dir), "--train_dir must not be empty")
+    _check(self.model in MODELS, "--model=%r: must be one of %s", self.model,
+           ", ".join(MODELS))
+    _check(self.dataset in DATASETS, "--dataset=%r: must be one of %s",
+           self.dataset, ", ".join(DATASETS))
+    _check(self.dataset != "cifar10" or bool(self.data_dir),
+           "--dataset=cifar10 needs --data_dir (the folder of test_batch.bin)")
+    _check(_is_int(self.batch_size) and self.batch_size >= 1,
+           "--batch_size=%r: must be an integer >= 1", self.batch_size)
+    _check(_is_int(self.max_examples) and self.max_examples >= 0,
+           "--max_examples=%r: must be an integer >= 0 (0 = all)",
+           self.max_examples)
+    return self
+
+
+def _is_int(value):
+  return isinstance(value, int) and not isinstance(value, bool)

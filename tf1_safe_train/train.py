@@ -1,0 +1,160 @@
+r"""`//:train`: the multi-tower trainer. Flags live here and only here.
+
+  ./bazelw run //:train -- --num_towers=2 --max_steps=600 \
+      --inject_nonfinite=nan@100:1,inf@300:0 --train_dir=/tmp/run1
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tf1_safe_train import cli
+from tf1_safe_train import params as params_lib
+
+_DEFAULTS = params_lib.TrainParams()
+
+flags.DEFINE_string("train_dir", _DEFAULTS.train_dir,
+                    "Checkpoints, summaries and run_summary.json; re-running "
+                    "with the same directory resumes.")
+flags.DEFINE_enum("model", _DEFAULTS.model, params_lib.MODELS, "The model.")
+flags.DEFINE_enum("dataset", _DEFAULTS.dataset, params_lib.DATASETS,
+                  "synthetic (embedded, learnable) or cifar10 (binary files "
+                  "in --data_dir).")
+flags.DEFINE_string("data_dir", "", "Folder of the CIFAR-10 .bin files.")
+flags.DEFINE_integer("num_towers", None,
+                     "Towers (model replicas); default: every visible GPU, "
+                     "or 2 with none.")
+flags.DEFINE_enum("device", "auto", ("auto",) + params_lib.DEVICES,
+                  "Where towers run: gpu (/gpu:i), cpu (virtual CPU device i) "
+                  "or auto (gpu if any is visible).")
+flags.DEFINE_integer("batch_size", _DEFAULTS.batch_size,
+                     "Examples per tower per step.")
+flags.DEFINE_enum("optimizer", _DEFAULTS.optimizer, params_lib.OPTIMIZERS,
+                  "The optimizer (momentum is 0.9).")
+flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate,
+                   "Initial learning rate.")
+flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, params_lib.LR_SCHEDULES,
+                  "constant, piecewise (x0.1 at 50%% and 75%% of --max_steps) "
+                  "or cosine.")
+flags.DEFINE_enum("lr_schedule_step", _DEFAULTS.lr_schedule_step,
+                  params_lib.LR_STEPS,
+                  "The counter the schedule follows: applied_steps (skipped "
+                  "steps do not decay the rate) or global_step.")
+flags.DEFINE_float("weight_decay", _DEFAULTS.weight_decay,
+                   "L2 weight decay on the weights (not biases or BN).")
+flags.DEFINE_float("clip_gradient_norm", _DEFAULTS.clip_gradient_norm,
+                   "Clip gradients to this global norm after the finite "
+                   "check; 0 = off.")
+flags.DEFINE_float("moving_average_decay", _DEFAULTS.moving_average_decay,
+                   "EMA of the weights (updated only on applied steps); "
+                   "0 = off.")
+flags.DEFINE_boolean("increment_global_step_on_skip",
+                     _DEFAULTS.increment_global_step_on_skip,
+                     "Advance global_step on skipped steps too (it counts "
+                     "batches, so --max_steps ends the run).")
+flags.DEFINE_integer("max_steps", _DEFAULTS.max_steps,
+                     "Stop when global_step reaches this.")
+flags.DEFINE_integer("max_consecutive_skips", _DEFAULTS.max_consecutive_skips,
+                     "Give up (exit 1) after this many skipped steps in a "
+                     "row; 0 = never.")
+flags.DEFINE_integer("save_checkpoints_steps", _DEFAULTS.save_checkpoints_steps,
+                     "Checkpoint every this many steps (and at the end).")
+flags.DEFINE_integer("save_summaries_steps", _DEFAULTS.save_summaries_steps,
+                     "TensorBoard summaries every this many steps.")
+flags.DEFINE_integer("log_every_n_steps", _DEFAULTS.log_every_n_steps,
+                     "Progress line every this many steps.")
+flags.DEFINE_string("inject_nonfinite", "",
+                    "Fault drill: comma-separated KIND@STEPS[:TOWER] or "
+                    "KIND%PROB[:TOWER] (KIND nan|inf|-inf; STEPS N, N-M or "
+                    "N-), e.g. nan@100:1,inf%0.01.")
+flags.DEFINE_enum("inject_into", _DEFAULTS.inject_into, params_lib.INJECT_INTO,
+                  "What the drill poisons: a tower's grads, loss or input "
+                  "images.")
+flags.DEFINE_integer("seed", _DEFAULTS.seed, "Graph-level random seed.")
+
+FLAGS = flags.FLAGS
+_PROGRAM = "train"
+
+
+def make_params(f, visible_gpus):
+  """Turns parsed flags into validated `TrainParams` (devices resolved).
+
+  Args:
+    f: the parsed `flags.FLAGS`.
+    visible_gpus: how many GPUs TensorFlow sees.
+
+  Returns:
+    Validated `params.TrainParams`.
+
+  Raises:
+    params.ParamsError: for a bad value.
+  """
+  gpus = visible_gpus
+  device = f.device
+  if device == "auto":
+    device = "gpu" if gpus else "cpu"
+  num_towers = f.num_towers
+  if num_towers is None:
+    num_towers = gpus if device == "gpu" else 2
+  if device == "gpu" and isinstance(num_towers, int) and num_towers > gpus:
+    raise params_lib.ParamsError(
+        "--num_towers=%d with --device=gpu, but %d GPU(s) are visible" %
+        (num_towers, gpus))
+  return params_lib.TrainParams(
+      train_dir=cli.resolve_path(f.train_dir),
+      model=f.model,
+      dataset=f.dataset,
+      data_dir=cli.resolve_path(f.data_dir),
+      num_towers=num_towers,
+      device=device,
+      batch_size=f.batch_size,
+      optimizer=f.optimizer,
+      learning_rate=f.learning_rate,
+      lr_schedule=f.lr_schedule,
+      lr_schedule_step=f.lr_schedule_step,
+      weight_decay=f.weight_decay,
+      clip_gradient_norm=f.clip_gradient_norm,
+      moving_average_decay=f.moving_average_decay,
+      increment_global_step_on_skip=f.increment_global_step_on_skip,
+      max_steps=f.max_steps,
+      max_consecutive_skips=f.max_consecutive_skips,
+      save_checkpoints_steps=f.save_checkpoints_steps,
+      save_summaries_steps=f.save_summaries_steps,
+      log_every_n_steps=f.log_every_n_steps,
+      inject_nonfinite=f.inject_nonfinite,
+      inject_into=f.inject_into,
+      seed=f.seed).validate()
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(_PROGRAM, "unexpected arguments: %s" % " ".join(argv[1:]))
+  logging.set_verbosity(logging.INFO)
+  tf = cli.import_tensorflow()
+  # pylint: disable=g-import-not-at-top
+  from tf1_safe_train import injection
+  from tf1_safe_train import train_lib
+  from tf1_safe_train.data import cifar10
+  # pylint: enable=g-import-not-at-top
+  try:
+    params = make_params(FLAGS, len(tf.config.list_physical_devices("GPU")))
+    summary = train_lib.train(params)
+  except (params_lib.ParamsError, cifar10.DataError,
+          injection.InjectionSpecError, train_lib.TrainDirError) as e:
+    cli.fail(_PROGRAM, e)
+  except tf.errors.OpError as e:
+    cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
+  logging.info("run summary: %s", os.path.join(params.train_dir,
+                                               train_lib.RUN_SUMMARY))
+  if summary["exit_reason"] == "too_many_consecutive_skips":
+    cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
+             "%d (--max_consecutive_skips=%d); the last checkpoint in %s "
+             "holds the last good state" % (
+                 summary["consecutive_skips"], summary["global_step"],
+                 params.max_consecutive_skips, params.train_dir), 1)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.flags_parser(_PROGRAM))
