@@ -12,6 +12,8 @@ import sys
 from absl import flags
 
 EXIT_BAD_INPUT = 2
+_HELP_FLAGS = frozenset(["-?", "-h", "--help", "--helpshort", "--helpfull",
+                         "--helpxml"])
 
 
 def fail(program, message, exit_code=EXIT_BAD_INPUT):
@@ -30,6 +32,12 @@ def flags_parser(program):
       return flags.FLAGS(argv)
     except flags.Error as e:
       fail(program, "%s (see --helpfull)" % e)
+    except SystemExit:
+      # absl exits with 1 after printing --help/--helpfull; asking for help
+      # is not a failure (and `bazel run` would report one).
+      if any(arg.split("=")[0] in _HELP_FLAGS for arg in argv[1:]):
+        sys.exit(0)
+      raise
 
   return parse
 

@@ -36,7 +36,7 @@ flags.DEFINE_enum("optimizer", _DEFAULTS.optimizer, params_lib.OPTIMIZERS,
 flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate,
                    "Initial learning rate.")
 flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, params_lib.LR_SCHEDULES,
-                  "constant, piecewise (x0.1 at 50%% and 75%% of --max_steps) "
+                  "constant, piecewise (x0.1 at 50% and 75% of --max_steps) "
                   "or cosine.")
 flags.DEFINE_enum("lr_schedule_step", _DEFAULTS.lr_schedule_step,
                   params_lib.LR_STEPS,

@@ -38,6 +38,31 @@ def _check_positive_int(value, what):
     raise ValueError("%s must be a positive int, got %r" % (what, value))
 
 
+def check_model_inputs(images, num_classes, model):
+  """Validates a model function's arguments.
+
+  Args:
+    images: the images tensor given to the model.
+    num_classes: the number of classes given to the model.
+    model: the model's name, for the message.
+
+  Raises:
+    ValueError: unless `images` is float32 [batch, height, width, 3] with
+      static height and width and `num_classes` is a positive int.
+  """
+  if (isinstance(num_classes, bool) or not isinstance(num_classes, int) or
+      num_classes <= 0):
+    raise ValueError("%s: num_classes must be a positive int, got %r" %
+                     (model, num_classes))
+  if images.dtype != tf.float32:
+    raise ValueError("%s: images must be float32, got %s" %
+                     (model, images.dtype.name))
+  shape = images.shape
+  if shape.rank != 4 or None in shape[1:] or shape[3] != 3:
+    raise ValueError("%s: images must be [batch, height, width, 3] with "
+                     "static height and width, got %s" % (model, shape))
+
+
 def conv2d(x,
            filters,
            kernel_size,

@@ -46,7 +46,7 @@ def small_cnn(images, is_training, num_classes=10):
       3 channels, or `num_classes` is not a positive int.
   """
   del is_training  # No layer behaves differently in training.
-  _check_inputs(images, num_classes, "small_cnn")
+  layers.check_model_inputs(images, num_classes, "small_cnn")
   with tf1.variable_scope(SCOPE):
     x = layers.conv2d(images, 64, 5, scope="conv1",
                       kernel_initializer=_truncated_normal(5e-2))
@@ -71,17 +71,3 @@ def small_cnn(images, is_training, num_classes=10):
     return layers.dense(x, num_classes, "softmax_linear",
                         kernel_initializer=_truncated_normal(1 / 192.0))
 
-
-def _check_inputs(images, num_classes, model):
-  """Raises ValueError unless images are float32 [B, H, W, 3], H, W static."""
-  if (isinstance(num_classes, bool) or not isinstance(num_classes, int) or
-      num_classes <= 0):
-    raise ValueError("%s: num_classes must be a positive int, got %r" %
-                     (model, num_classes))
-  if images.dtype != tf.float32:
-    raise ValueError("%s: images must be float32, got %s" %
-                     (model, images.dtype.name))
-  shape = images.shape
-  if shape.rank != 4 or None in shape[1:] or shape[3] != 3:
-    raise ValueError("%s: images must be [batch, height, width, 3] with "
-                     "static height and width, got %s" % (model, shape))

@@ -1,0 +1,147 @@
+"""The binaries as users run them: flags, and one-line errors on bad input."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train.data import cifar10
+
+
+def _binary(name):
+  """The Bazel-built binary when run by `bazel test`, else the module."""
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
+                        "tf1_safe_train", name)
+    if os.path.exists(path):
+      return [path]
+  return [sys.executable, "-m", "tf1_safe_train." + name]
+
+
+def _run(name, *args):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             PYTHONPATH=os.pathsep.join(sys.path))
+  return subprocess.run(_binary(name) + list(args), capture_output=True,
+                        text=True, env=env, timeout=300, check=False)
+
+
+# TensorFlow's C++ start-up notices (glog format, printed before its logging
+# is configured) are not ours to count.
+_TF_NOTICE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
+
+
+def _our_lines(stderr):
+  return [line for line in stderr.splitlines() if not _TF_NOTICE.match(line)]
+
+
+def _error_lines(stderr):
+  return [line for line in _our_lines(stderr) if "error" in line.lower()]
+
+
+class TrainCliTest(tf.test.TestCase):
+
+  def assertOneLineError(self, result, *expected):
+    self.assertNotEqual(result.returncode, 0, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    errors = _error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertTrue(errors[0].startswith("train: error: "), errors[0])
+    self.assertEqual(_our_lines(result.stderr.strip())[-1], errors[0])
+    for text in expected:
+      self.assertIn(text, errors[0])
+
+  def _existing_run(self):
+    """A train_dir holding checkpoint files that must survive bad input."""
+    train_dir = os.path.join(self.get_temp_dir(), "existing")
+    os.makedirs(train_dir, exist_ok=True)
+    contents = {"checkpoint": b'model_checkpoint_path: "model.ckpt-5"\n',
+                "model.ckpt-5.index": b"\x00index",
+                "model.ckpt-5.data-00000-of-00001": b"\x01data"}
+    for name, data in contents.items():
+      with open(os.path.join(train_dir, name), "wb") as f:
+        f.write(data)
+    return train_dir, contents
+
+  def assertUntouched(self, train_dir, contents):
+    self.assertCountEqual(os.listdir(train_dir), list(contents))
+    for name, data in contents.items():
+      with open(os.path.join(train_dir, name), "rb") as f:
+        self.assertEqual(f.read(), data, name)
+
+  def testHelpfullListsTheFlags(self):
+    result = _run("train", "--helpfull")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    for flag in ("--num_towers", "--inject_nonfinite", "--max_consecutive_skips",
+                 "increment_global_step_on_skip", "--train_dir"):
+      self.assertIn(flag, result.stdout)
+
+  def testUnknownFlag(self):
+    self.assertOneLineError(_run("train", "--no_such_flag=1"),
+                            "no_such_flag")
+
+  def testBadFlagValues(self):
+    train_dir, contents = self._existing_run()
+    cases = [
+        (["--num_towers=abc"], "num_towers"),
+        (["--num_towers=-1"], "--num_towers=-1"),
+        (["--num_towers=0"], "--num_towers=0"),
+        (["--batch_size=0"], "--batch_size=0"),
+        (["--device=gpu", "--num_towers=2"], "GPU"),
+        (["--dataset=cifar10"], "--data_dir"),
+        (["--inject_nonfinite=nan@x:1"], "nan@x:1"),
+        (["--inject_nonfinite=nan@3:7"], "TOWER 7 out of range"),
+        (["--model=vgg"], "vgg"),
+    ]
+    for args, expected in cases:
+      with self.subTest(args=args):
+        result = _run("train", "--train_dir=" + train_dir, *args)
+        self.assertOneLineError(result, expected)
+        self.assertUntouched(train_dir, contents)
+
+  def testBadData(self):
+    train_dir, contents = self._existing_run()
+    data_dir = os.path.join(self.get_temp_dir(), "cifar")
+    os.makedirs(data_dir)
+    images = np.zeros((2, 32, 32, 3), np.uint8)
+    for i in range(1, 6):
+      cifar10.write_records(os.path.join(data_dir, "data_batch_%d.bin" % i),
+                            images, [0, 1])
+    with open(os.path.join(data_dir, "data_batch_3.bin"), "ab") as f:
+      f.write(b"\x00" * 10)  # Truncated record: not a multiple of 3073.
+    cases = [
+        ("--data_dir=" + os.path.join(self.get_temp_dir(), "missing"),
+         "missing"),
+        ("--data_dir=" + data_dir, "data_batch_3.bin"),
+    ]
+    for data_arg, expected in cases:
+      with self.subTest(data_arg=data_arg):
+        result = _run("train", "--train_dir=" + train_dir,
+                      "--dataset=cifar10", data_arg)
+        self.assertOneLineError(result, expected)
+        self.assertUntouched(train_dir, contents)
+
+  def testUnwritableTrainDir(self):
+    blocker = os.path.join(self.get_temp_dir(), "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory")
+    result = _run("train", "--train_dir=" + os.path.join(blocker, "run"))
+    self.assertOneLineError(result, "--train_dir", "not writable")
+
+
+class EvalCliTest(tf.test.TestCase):
+
+  def testMissingCheckpoint(self):
+    result = _run("eval", "--train_dir=" + self.get_temp_dir())
+    self.assertNotEqual(result.returncode, 0)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertEqual(_error_lines(result.stderr),
+                     ["eval: error: no checkpoint in --train_dir=%s" %
+                      self.get_temp_dir()])
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,96 @@
+"""Input pipelines, looked up by name.
+
+`get_dataset` returns a `tf.data.Dataset` of batches (images float32
+[batch, 32, 32, 3], labels int32 [batch]) from the embedded synthetic data or
+from CIFAR-10 binary files; the train split is shuffled and endless, the test
+split one ordered pass.
+"""
+
+import operator
+
+import tensorflow as tf
+
+from tf1_safe_train.data import cifar10
+from tf1_safe_train.data import synthetic
+
+NUM_CLASSES = 10
+IMAGE_SHAPE = (32, 32, 3)
+DATASET_NAMES = ("synthetic", "cifar10")
+SPLITS = ("train", "test")
+
+
+def _check_name_and_split(name, split):
+  if name not in DATASET_NAMES:
+    raise ValueError("unknown dataset %r; expected one of %s" %
+                     (name, ", ".join(DATASET_NAMES)))
+  if split not in SPLITS:
+    raise ValueError("unknown split %r; expected one of %s" %
+                     (split, ", ".join(SPLITS)))
+
+
+def num_examples(name, split, data_dir=None):
+  """Returns the number of examples of a split.
+
+  Args:
+    name: one of `DATASET_NAMES`.
+    split: one of `SPLITS`.
+    data_dir: directory of the CIFAR-10 binary files; ignored for synthetic.
+
+  Returns:
+    The number of examples (for cifar10, counted from the file sizes).
+
+  Raises:
+    ValueError: if `name` or `split` is unknown.
+    cifar10.DataError: if the CIFAR-10 files are missing or damaged.
+  """
+  _check_name_and_split(name, split)
+  if name == "synthetic":
+    return synthetic.NUM_EXAMPLES[split]
+  return cifar10.num_examples(data_dir, split)
+
+
+def get_dataset(name, split, batch_size, data_dir=None, seed=0,
+                num_parallel_calls=tf.data.AUTOTUNE):
+  """Returns the batched input pipeline of a split.
+
+  Args:
+    name: one of `DATASET_NAMES`.
+    split: "train" (shuffled with `seed`, repeated forever) or "test" (one
+      pass in order).
+    batch_size: examples per batch, a positive int; the partial last batch is
+      dropped, so every batch has exactly this size.
+    data_dir: directory of the CIFAR-10 binary files; ignored for synthetic.
+    seed: seed of the shuffle (and of the CIFAR-10 augmentation); the
+      synthetic examples themselves never depend on it.
+    num_parallel_calls: parallelism of decoding / generation.
+
+  Returns:
+    A `tf.data.Dataset` of (images float32 [batch_size, 32, 32, 3], labels
+    int32 [batch_size]).
+
+  Raises:
+    ValueError: if `name`, `split` or `batch_size` is invalid, e.g. a test
+      batch larger than the split.
+    cifar10.DataError: if the CIFAR-10 files are missing or damaged.
+  """
+  _check_name_and_split(name, split)
+  try:
+    valid = not isinstance(batch_size, bool) and (
+        operator.index(batch_size) > 0)
+  except TypeError:
+    valid = False
+  if not valid:
+    raise ValueError("batch_size must be a positive int, got %r" %
+                     (batch_size,))
+  batch_size = operator.index(batch_size)
+  if split == "test":
+    available = num_examples(name, split, data_dir)
+    if batch_size > available:
+      raise ValueError("batch_size %d exceeds the %d examples of the %s test "
+                       "split, so no full batch exists" %
+                       (batch_size, available, name))
+  if name == "synthetic":
+    return synthetic.dataset(split, batch_size, seed=seed,
+                             num_parallel_calls=num_parallel_calls)
+  return cifar10.dataset(data_dir, split, batch_size, seed=seed,
+                         num_parallel_calls=num_parallel_calls)
