@@ -88,6 +88,16 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     update_ops = self._update_ops
     if update_ops is None:
       update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    grads_and_vars = tuple(grads_and_vars)
+    var_list = [v for g, v in grads_and_vars if g is not None]
+    if var_list:
+      # Slots and non-slot accumulators are created here, in the caller's
+      # name scope, as the wrapped optimizer's own apply_gradients would:
+      # created inside the cond branch, Adam's beta powers would be named
+      # ".../apply/beta1_power" and a checkpoint of an unwrapped run would not
+      # restore. (Creating them again inside the branch reuses these.)
+      with tf1.init_scope():
+        self._optimizer._create_slots(var_list)  # pylint: disable=protected-access
 
     def apply_fn(checked_grads_and_vars):
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)

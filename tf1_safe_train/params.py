@@ -37,7 +37,7 @@ class TrainParams(object):
   device: str = "cpu"
   batch_size: int = 32
   optimizer: str = "momentum"
-  learning_rate: float = 0.05
+  learning_rate: float = 0.01
   lr_schedule: str = "constant"
   lr_schedule_step: str = "applied_steps"
   weight_decay: float = 1e-4

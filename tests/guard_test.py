@@ -1,0 +1,390 @@
+"""Tests for tf1_safe_train.guard: detection and the apply/skip decision."""
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train import counters as counters_lib
+from tf1_safe_train import guard
+
+tf1 = tf.compat.v1
+
+_NAN = float("nan")
+_INF = float("inf")
+_BAD_VALUES = (_NAN, _INF, -_INF)
+
+
+def _flag(grad, feed=None):
+  """Runs `is_nonfinite(grad)` in a fresh session of grad's graph."""
+  with tf1.Session(graph=grad.graph) as sess:
+    return sess.run(guard.is_nonfinite(grad), feed_dict=feed)
+
+
+class IsNonfiniteTest(tf.test.TestCase):
+
+  def testNotFlaggedWhenAllFinite(self):
+    with tf.Graph().as_default():
+      self.assertFalse(_flag(tf.constant([[1.0, -2.0, 0.0], [1e-30, 5.0, 6.0]])))
+
+  def testFlagsNanAndInfAnywhereInDense(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [2, 3])
+      flag = guard.is_nonfinite(x)
+      cases = 0
+      with tf1.Session() as sess:
+        for bad in _BAD_VALUES:
+          for i in range(2):
+            for j in range(3):
+              value = np.ones([2, 3], np.float32)
+              value[i, j] = bad
+              self.assertTrue(sess.run(flag, {x: value}), (bad, i, j))
+              cases += 1
+        self.assertFalse(sess.run(flag, {x: np.ones([2, 3], np.float32)}))
+      self.assertEqual(18, cases)
+
+  def testFlagsIndexedSlicesFromEmbeddingLookupGradient(self):
+    with tf.Graph().as_default():
+      table = tf1.get_variable("table", initializer=tf.ones([5, 2]))
+      ids = tf.constant([1, 3])
+      scale = tf1.placeholder(tf.float32, [])
+      loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) * scale)
+      grad, = tf.gradients(loss, [table])
+      self.assertIsInstance(grad, tf.IndexedSlices)
+      flag = guard.is_nonfinite(grad)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        self.assertFalse(sess.run(flag, {scale: 2.0}))
+        for bad in _BAD_VALUES:
+          self.assertTrue(sess.run(flag, {scale: bad}), bad)
+
+  def testFlagsIndexedSlicesFromGatherGradient(self):
+    with tf.Graph().as_default():
+      params = tf1.get_variable("params", initializer=tf.ones([4, 3]))
+      weights = tf1.placeholder(tf.float32, [2, 3])
+      loss = tf.reduce_sum(tf.gather(params, [0, 2]) * weights)
+      grad, = tf.gradients(loss, [params])
+      self.assertIsInstance(grad, tf.IndexedSlices)
+      flag = guard.is_nonfinite(grad)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        good = np.ones([2, 3], np.float32)
+        self.assertFalse(sess.run(flag, {weights: good}))
+        bad = good.copy()
+        bad[1, 2] = _NAN
+        self.assertTrue(sess.run(flag, {weights: bad}))
+
+  def testIndexedSlicesChecksOnlyValues(self):
+    # A huge dense_shape or indices are not gradient values; only .values are.
+    with tf.Graph().as_default():
+      values = tf1.placeholder(tf.float32, [2, 2])
+      slices = tf.IndexedSlices(values, tf.constant([0, 7]),
+                                tf.constant([8, 2]))
+      flag = guard.is_nonfinite(slices)
+      with tf1.Session() as sess:
+        self.assertFalse(sess.run(flag, {values: [[1.0, 2.0], [3.0, 4.0]]}))
+        self.assertTrue(sess.run(flag, {values: [[1.0, 2.0], [_INF, 4.0]]}))
+
+  def testNoneGradientsAreIgnored(self):
+    with tf.Graph().as_default():
+      bad = tf.constant([1.0, _NAN])
+      good = tf.constant([1.0, 2.0])
+      flags = guard.nonfinite_flags([None, bad, None, good])
+      count = guard.count_nonfinite([None, bad, None, good])
+      only_none = guard.nonfinite_flags([None, None])
+      with tf1.Session() as sess:
+        flags_value, count_value, none_value = sess.run(
+            [flags, count, only_none])
+      self.assertTrue(np.array_equal([True, False], flags_value))
+      self.assertEqual(1, count_value)
+      self.assertEqual((0,), none_value.shape)
+      self.assertEqual(tf.bool, only_none.dtype)
+
+  def testCountNonfiniteCountsGradientsNotElements(self):
+    with tf.Graph().as_default():
+      grads = [tf.constant([_NAN, _NAN, _INF]), tf.constant([1.0]),
+               tf.constant([[-_INF]]), tf.constant(3.0)]
+      count = guard.count_nonfinite(grads)
+      self.assertEqual(tf.int32, count.dtype)
+      with tf1.Session() as sess:
+        self.assertEqual(2, sess.run(count))
+
+  def testLargeFiniteFloat32IsNotFlagged(self):
+    with tf.Graph().as_default():
+      near_max = tf.constant([3e38, 3e38, -3e38], tf.float32)
+      overflows = tf.constant([3e38, 3e38, 3e38], tf.float32)
+      with tf1.Session() as sess:
+        flags, total, norm = sess.run([
+            guard.nonfinite_flags([near_max, overflows]),
+            tf.reduce_sum(overflows),
+            tf.linalg.global_norm([near_max]),
+        ])
+      # The traps an inexact check falls into: the sum and the norm overflow.
+      self.assertEqual(np.inf, total)
+      self.assertEqual(np.inf, norm)
+      self.assertTrue(np.array_equal([False, False], flags))
+
+  def testFloat16NearMaxIsNotFlaggedButInfIs(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float16, [3])
+      flag = guard.is_nonfinite(x)
+      with tf1.Session() as sess:
+        near_max = np.array([65504, 65504, -60000], np.float16)
+        self.assertEqual(np.inf, sess.run(tf.reduce_sum(x), {x: near_max}))
+        self.assertFalse(sess.run(flag, {x: near_max}))
+        for bad in _BAD_VALUES:
+          self.assertTrue(
+              sess.run(flag, {x: np.array([1, bad, 2], np.float16)}), bad)
+
+  def testBfloat16NearMaxIsNotFlaggedButInfIs(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      flag = guard.is_nonfinite(tf.cast(x, tf.bfloat16))
+      with tf1.Session() as sess:
+        self.assertFalse(sess.run(flag, {x: [3e38, 3e38, -3e38]}))
+        self.assertFalse(sess.run(flag, {x: [1.0, 2.0, 3.0]}))
+        for bad in _BAD_VALUES:
+          self.assertTrue(sess.run(flag, {x: [1.0, bad, 2.0]}), bad)
+
+  def testFloat64(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float64, [2])
+      flag = guard.is_nonfinite(x)
+      with tf1.Session() as sess:
+        self.assertFalse(sess.run(flag, {x: [1e308, -1e308]}))
+        self.assertTrue(sess.run(flag, {x: [1e308, _NAN]}))
+
+
+class _Step(object):
+  """One variable `w`, a fed gradient, and a guarded SGD step over it."""
+
+  def __init__(self, learning_rate=0.1, **kwargs):
+    self.w = tf1.get_variable(
+        "w", initializer=tf.constant([1.0, -2.0, 3.0]), use_resource=True)
+    self.grad = tf1.placeholder(tf.float32, [3], name="grad")
+    self.opt = tf1.train.GradientDescentOptimizer(learning_rate)
+    self.result = guard.guarded_apply(
+        [(self.grad, self.w)], lambda gv: self.opt.apply_gradients(gv),
+        **kwargs)
+
+
+_GOOD = np.array([0.3, -0.7, 0.11], np.float32)
+_NAN_GRAD = np.array([0.3, _NAN, 0.11], np.float32)
+
+
+class GuardedApplyTest(tf.test.TestCase):
+
+  def testAppliesWhenAllFinite(self):
+    with tf.Graph().as_default():
+      step = _Step()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        _, applied = sess.run([step.result.train_op, step.result.applied],
+                              {step.grad: _GOOD})
+        w = sess.run(step.w)
+      self.assertTrue(applied)
+      self.assertAllClose([0.97, -1.93, 2.989], w)
+
+  def testAppliedStepEqualsPlainApplyBitForBit(self):
+    with tf.Graph().as_default():
+      step = _Step()
+      plain_w = tf1.get_variable(
+          "plain_w", initializer=tf.constant([1.0, -2.0, 3.0]),
+          use_resource=True)
+      plain = tf1.train.GradientDescentOptimizer(0.1).apply_gradients(
+          [(step.grad, plain_w)])
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(3):
+          sess.run(step.result.train_op, {step.grad: _GOOD})
+          sess.run(plain, {step.grad: _GOOD})
+        guarded, expected = sess.run([step.w, plain_w])
+      self.assertFalse(np.array_equal([1.0, -2.0, 3.0], guarded))
+      self.assertTrue(np.array_equal(expected, guarded), (expected, guarded))
+
+  def testSkipsWhenGradHasNanOrInf(self):
+    with tf.Graph().as_default():
+      step = _Step()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(step.result.train_op, {step.grad: _GOOD})
+        before = sess.run(step.w)
+        for bad in _BAD_VALUES:
+          grad = _GOOD.copy()
+          grad[2] = bad
+          _, applied = sess.run([step.result.train_op, step.result.applied],
+                                {step.grad: grad})
+          self.assertFalse(applied, bad)
+          self.assertTrue(np.array_equal(before, sess.run(step.w)), bad)
+
+  def testCountersCountAppliedSkippedAndConsecutive(self):
+    with tf.Graph().as_default():
+      step = _Step()
+      counters = step.result.counters
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        seen = []
+        for grad in (_GOOD, _NAN_GRAD, _NAN_GRAD, _GOOD, _NAN_GRAD):
+          _, values = sess.run([step.result.train_op, counters],
+                               {step.grad: grad})
+          seen.append(tuple(values))
+        stored = sess.run(list(counters_lib.skip_counters()))
+    # (applied, skipped, consecutive) after each step; consecutive resets to
+    # 0 after the applied 4th step.
+    self.assertEqual([(1, 0, 0), (1, 1, 1), (1, 2, 2), (2, 2, 0), (2, 3, 1)],
+                     seen)
+    self.assertEqual([2, 3, 1], stored)
+
+  def testGlobalStepAdvancesOnEveryStepByDefault(self):
+    with tf.Graph().as_default():
+      global_step = tf1.train.get_or_create_global_step()
+      step = _Step(global_step=global_step)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for grad in (_GOOD, _NAN_GRAD, _NAN_GRAD):
+          sess.run(step.result.train_op, {step.grad: grad})
+        self.assertEqual(3, sess.run(global_step))
+
+  def testGlobalStepOnlyOnAppliedStepsWhenIncrementOnSkipIsFalse(self):
+    with tf.Graph().as_default():
+      global_step = tf1.train.get_or_create_global_step()
+      step = _Step(global_step=global_step,
+                   increment_global_step_on_skip=False)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        values = []
+        for grad in (_GOOD, _NAN_GRAD, _NAN_GRAD, _GOOD):
+          sess.run(step.result.train_op, {step.grad: grad})
+          values.append(sess.run(global_step))
+        self.assertEqual([1, 1, 1, 2], values)
+
+  def testExtraNonfiniteForcesSkip(self):
+    with tf.Graph().as_default():
+      extra = tf1.placeholder(tf.bool, [])
+      step = _Step(extra_nonfinite=[extra])
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        before = sess.run(step.w)
+        _, applied = sess.run([step.result.train_op, step.result.applied],
+                              {step.grad: _GOOD, extra: True})
+        self.assertFalse(applied)
+        self.assertTrue(np.array_equal(before, sess.run(step.w)))
+        _, applied = sess.run([step.result.train_op, step.result.applied],
+                              {step.grad: _GOOD, extra: False})
+        self.assertTrue(applied)
+        self.assertFalse(np.array_equal(before, sess.run(step.w)))
+
+  def testRollsBackUpdateOpsOnSkipAndKeepsThemOnApply(self):
+    with tf.Graph().as_default():
+      batch = tf1.placeholder(tf.float32, [2])
+      moving_mean = tf1.get_variable(
+          "moving_mean", initializer=tf.constant([0.5, -0.25]),
+          trainable=False, use_resource=True)
+      update = tf1.assign_sub(moving_mean, (moving_mean - batch) * (1 - 0.9))
+      tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
+      w = tf1.get_variable("w", initializer=tf.constant([1.0, 2.0]))
+      grad = batch * 2.0  # a NaN batch gives a NaN gradient
+      result = guard.guarded_apply(
+          [(grad, w)],
+          tf1.train.GradientDescentOptimizer(0.1).apply_gradients,
+          update_ops=tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = sess.run(moving_mean)
+        # A NaN batch: the update op wrote NaN, the skip restored it.
+        _, applied = sess.run([result.train_op, result.applied],
+                              {batch: [_NAN, 1.0]})
+        self.assertFalse(applied)
+        after_skip = sess.run(moving_mean)
+        self.assertTrue(np.array_equal(initial, after_skip), after_skip)
+        # A good batch: the new moving mean is kept.
+        _, applied = sess.run([result.train_op, result.applied],
+                              {batch: [1.5, 0.75]})
+        self.assertTrue(applied)
+        after_apply = sess.run(moving_mean)
+        self.assertAllClose([0.6, -0.15], after_apply)
+        # Another NaN batch goes back to the last applied value, not the
+        # initial one.
+        sess.run(result.train_op, {batch: [_INF, _NAN]})
+        self.assertTrue(np.array_equal(after_apply, sess.run(moving_mean)))
+
+  def testGradientsOnTwoVirtualCpuDevices(self):
+    config = tf1.ConfigProto(device_count={"CPU": 2})
+    with tf.Graph().as_default():
+      scale = tf1.placeholder(tf.float32, [])
+      with tf.device("/cpu:0"):
+        a = tf1.get_variable("a", initializer=tf.constant([1.0, 2.0]))
+        loss_a = tf.reduce_sum(a * a)
+      with tf.device("/cpu:1"):
+        b = tf1.get_variable("b", initializer=tf.constant([3.0, 4.0]))
+        loss_b = tf.reduce_sum(b * scale)
+      grads_and_vars = list(zip(
+          tf.gradients(loss_a + loss_b, [a, b]),
+          [a, b]))
+      result = guard.guarded_apply(
+          grads_and_vars,
+          tf1.train.GradientDescentOptimizer(0.5).apply_gradients)
+      self.assertIn("CPU:0", a.device)
+      self.assertIn("CPU:1", b.device)
+      # Each check is colocated with its gradient.
+      checks = [op for op in tf1.get_default_graph().get_operations()
+                if op.type == "IsFinite"]
+      self.assertLen(checks, 2)
+      for check, (grad, _) in zip(checks, grads_and_vars):
+        self.assertEqual(grad.op.colocation_groups(),
+                         check.colocation_groups())
+      with tf1.Session(config=config) as sess:
+        self.assertLen([d for d in sess.list_devices()
+                        if d.device_type == "CPU"], 2)
+        sess.run(tf1.global_variables_initializer())
+        _, flags = sess.run([result.train_op, result.nonfinite_flags],
+                            {scale: _NAN})
+        self.assertTrue(np.array_equal([False, True], flags))
+        a_value, b_value = sess.run([a, b])
+        self.assertTrue(np.array_equal(np.float32([1.0, 2.0]), a_value))
+        self.assertTrue(np.array_equal(np.float32([3.0, 4.0]), b_value))
+        metadata = tf1.RunMetadata()
+        _, applied = sess.run(
+            [result.train_op, result.applied], {scale: 1.0},
+            options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+            run_metadata=metadata)
+        self.assertTrue(applied)
+        self.assertAllClose([[0.0, 0.0], [2.5, 3.5]], sess.run([a, b]))
+      # Each check ran on its gradient's device.
+      is_finite_devices = sorted(
+          tf.DeviceSpec.from_string(dev.device).device_index
+          for dev in metadata.step_stats.dev_stats
+          for node in dev.node_stats
+          if node.node_name.endswith("/IsFinite"))
+      self.assertEqual([0, 1], is_finite_devices)
+
+  def testRaisesValueErrorWithoutGradients(self):
+    with tf.Graph().as_default():
+      w = tf1.get_variable("w", initializer=tf.constant([1.0]))
+      opt = tf1.train.GradientDescentOptimizer(0.1)
+      with self.assertRaisesRegex(ValueError, "no gradient"):
+        guard.guarded_apply([(None, w)], opt.apply_gradients)
+      with self.assertRaisesRegex(ValueError, "no gradient"):
+        guard.guarded_apply([], opt.apply_gradients)
+
+  def testFlagsAndVariableNamesNameTheBadVariable(self):
+    with tf.Graph().as_default():
+      with tf1.variable_scope("net"):
+        a = tf1.get_variable("a", initializer=tf.constant([1.0]))
+        b = tf1.get_variable("b", initializer=tf.constant([1.0]))
+        c = tf1.get_variable("c", initializer=tf.constant([1.0]))
+      grad_c = tf1.placeholder(tf.float32, [1])
+      result = guard.guarded_apply(
+          [(tf.constant([1.0]), a), (None, b), (grad_c, c)],
+          tf1.train.GradientDescentOptimizer(0.1).apply_gradients)
+      self.assertEqual(["net/a", "net/c"], result.variable_names)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        flags = sess.run(result.nonfinite_flags, {grad_c: [_NAN]})
+        self.assertTrue(np.array_equal([False, True], flags))
+        bad = [n for n, f in zip(result.variable_names, flags) if f]
+        self.assertEqual(["net/c"], bad)
+        self.assertTrue(np.array_equal(
+            [1.0], sess.run(b)))  # b had no gradient and is never touched
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,426 @@
+"""Tests for tf1_safe_train.optimizer.SkipNonFiniteOptimizer."""
+
+import contextlib
+import itertools
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train import counters as counters_lib
+from tf1_safe_train import optimizer as optimizer_lib
+
+tf1 = tf.compat.v1
+
+_NAN = float("nan")
+
+# name -> (factory, slot names it must create). Non-slot accumulators (Adam's
+# beta powers) are found through opt.variables().
+_OPTIMIZERS = {
+    "GradientDescent": (
+        lambda: tf1.train.GradientDescentOptimizer(0.1), []),
+    "Momentum": (
+        lambda: tf1.train.MomentumOptimizer(0.1, momentum=0.9), ["momentum"]),
+    "Nesterov": (
+        lambda: tf1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+        ["momentum"]),
+    "Adam": (lambda: tf1.train.AdamOptimizer(0.01), ["m", "v"]),
+    "RMSProp": (lambda: tf1.train.RMSPropOptimizer(0.01), ["momentum", "rms"]),
+    "RMSPropMomentum": (
+        lambda: tf1.train.RMSPropOptimizer(0.01, momentum=0.9),
+        ["momentum", "rms"]),
+    "RMSPropCentered": (
+        lambda: tf1.train.RMSPropOptimizer(0.01, centered=True),
+        ["mg", "momentum", "rms"]),
+    "Adagrad": (lambda: tf1.train.AdagradOptimizer(0.1), ["accumulator"]),
+    "Adadelta": (
+        lambda: tf1.train.AdadeltaOptimizer(1.0), ["accum", "accum_update"]),
+    "Ftrl": (lambda: tf1.train.FtrlOptimizer(0.1), ["accum", "linear"]),
+    "ProximalGradientDescent": (
+        lambda: tf1.train.ProximalGradientDescentOptimizer(
+            0.1, l1_regularization_strength=0.01,
+            l2_regularization_strength=0.01), []),
+    "ProximalAdagrad": (
+        lambda: tf1.train.ProximalAdagradOptimizer(
+            0.1, l1_regularization_strength=0.01,
+            l2_regularization_strength=0.01), ["accumulator"]),
+}
+_REPRESENTATIVE = ("GradientDescent", "Momentum", "Adam", "RMSProp")
+# (control flow v2, resource variables); the default is (True, True).
+_CONFIGS = {
+    "CondV1": (False, True),
+    "RefVariables": (True, False),
+    "CondV1RefVariables": (False, False),
+}
+
+_GOOD_X = np.array([0.5, -1.5, 2.0], np.float32)
+_GOOD_X2 = np.array([1.25, 0.75, -0.5], np.float32)
+_NAN_X = np.array([0.5, _NAN, 2.0], np.float32)
+
+
+@contextlib.contextmanager
+def _tf_config(control_flow_v2=True, resource_variables=True):
+  """Sets the cond implementation and variable kind; restores them after."""
+  old_cf = tf1.control_flow_v2_enabled()
+  old_rv = tf1.resource_variables_enabled()
+  try:
+    (tf1.enable_control_flow_v2 if control_flow_v2 else
+     tf1.disable_control_flow_v2)()
+    (tf1.enable_resource_variables if resource_variables else
+     tf1.disable_resource_variables)()
+    yield
+  finally:
+    (tf1.enable_control_flow_v2 if old_cf else tf1.disable_control_flow_v2)()
+    (tf1.enable_resource_variables if old_rv else
+     tf1.disable_resource_variables)()
+
+
+def _model(x, scope="model"):
+  """A 3-vector and a scalar; every gradient is NaN if x holds a NaN."""
+  with tf1.variable_scope(scope):
+    w = tf1.get_variable("w", initializer=tf.constant([0.25, -0.5, 1.0]))
+    b = tf1.get_variable("b", initializer=tf.constant(0.125))
+  loss = (tf.reduce_sum(tf.square(w * x - 1.0)) +
+          tf.square(b - tf.reduce_mean(x)))
+  return loss, [w, b]
+
+
+def _snapshot(sess, exclude=()):
+  """Values of every global variable but `exclude`, by name."""
+  excluded = {v.op.name for v in exclude}
+  variables = [v for v in tf1.global_variables() if v.op.name not in excluded]
+  return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+def _assert_bit_identical(test, expected, actual):
+  test.assertEqual(sorted(expected), sorted(actual))
+  test.assertNotEmpty(expected)
+  for name in expected:
+    test.assertTrue(
+        np.array_equal(expected[name], actual[name]),
+        "%s: %r != %r" % (name, expected[name], actual[name]))
+
+
+def _optimizer_variables(opt, var_list):
+  """Slots of `var_list` and non-slot variables of `opt`, by name."""
+  found = {}
+  for var in var_list:
+    for slot_name in opt.get_slot_names():
+      slot = opt.get_slot(var, slot_name)
+      if slot is not None:
+        found[slot.op.name] = slot
+  for var in opt.variables():
+    found[var.op.name] = var
+  return found
+
+
+class _SkipAxesMixin(object):
+  """The two claims checked for every optimizer and configuration."""
+
+  def _checkNanStepChangesNothing(self, opt_name):
+    make, slot_names = _OPTIMIZERS[opt_name]
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, var_list = _model(x)
+      global_step = tf1.train.get_or_create_global_step()
+      opt = optimizer_lib.SkipNonFiniteOptimizer(make())
+      train_op = opt.minimize(loss, global_step=global_step)
+      counters = counters_lib.skip_counters()
+      exclude = list(counters) + [global_step]
+      self.assertEqual(sorted(slot_names), sorted(opt.get_slot_names()))
+      opt_vars = _optimizer_variables(opt, var_list)
+      self.assertLen(opt_vars, len(slot_names) * len(var_list) + (
+          2 if opt_name == "Adam" else 0))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = _snapshot(sess, exclude)
+        sess.run(train_op, {x: _GOOD_X})
+        after_good = _snapshot(sess, exclude)
+        self.assertEqual([1, 0, 0, 1], sess.run(exclude))
+        # Every model and optimizer variable is in the snapshot, and the good
+        # step moved the model.
+        for name in [v.op.name for v in var_list] + sorted(opt_vars):
+          self.assertIn(name, after_good)
+        for var in var_list:
+          self.assertFalse(np.array_equal(initial[var.op.name],
+                                          after_good[var.op.name]))
+        for name in opt_vars:
+          self.assertTrue(np.isfinite(after_good[name]).all(), name)
+
+        sess.run(train_op, {x: _NAN_X})
+        after_nan = _snapshot(sess, exclude)
+        _assert_bit_identical(self, after_good, after_nan)
+        self.assertEqual([1, 1, 1, 2], sess.run(exclude))
+
+        sess.run(train_op, {x: _GOOD_X2})
+        self.assertEqual([2, 1, 0, 3], sess.run(exclude))
+        for var in var_list:
+          self.assertFalse(np.array_equal(after_nan[var.op.name],
+                                          sess.run(var)))
+
+  def _checkAppliedStepEqualsUnwrapped(self, opt_name):
+    make, _ = _OPTIMIZERS[opt_name]
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      guarded_loss, guarded_vars = _model(x, "guarded")
+      plain_loss, plain_vars = _model(x, "plain")
+      guarded_opt = optimizer_lib.SkipNonFiniteOptimizer(make())
+      plain_opt = make()
+      guarded_op = guarded_opt.minimize(guarded_loss, var_list=guarded_vars)
+      plain_op = plain_opt.minimize(plain_loss, var_list=plain_vars)
+      guarded_all = guarded_vars + sorted(
+          _optimizer_variables(guarded_opt, guarded_vars).values(),
+          key=lambda v: v.op.name)
+      plain_all = plain_vars + sorted(
+          _optimizer_variables(plain_opt, plain_vars).values(),
+          key=lambda v: v.op.name)
+      self.assertLen(guarded_all, len(plain_all))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = sess.run(guarded_vars)
+        for batch in (_GOOD_X, _GOOD_X2, _GOOD_X):
+          sess.run(guarded_op, {x: batch})
+          sess.run(plain_op, {x: batch})
+        guarded_values, plain_values = sess.run([guarded_all, plain_all])
+      self.assertFalse(np.array_equal(initial[0], guarded_values[0]))
+      for var, guarded, plain in zip(guarded_all, guarded_values, plain_values):
+        self.assertTrue(np.array_equal(plain, guarded),
+                        "%s: %r != %r" % (var.op.name, guarded, plain))
+
+
+class EveryOptimizerTest(tf.test.TestCase, parameterized.TestCase,
+                         _SkipAxesMixin):
+  """All optimizers with the default configuration (cond v2, resources)."""
+
+  @parameterized.named_parameters(*[(n, n) for n in sorted(_OPTIMIZERS)])
+  def testSkipsWhenGradHasNan(self, opt_name):
+    self._checkNanStepChangesNothing(opt_name)
+
+  @parameterized.named_parameters(*[(n, n) for n in sorted(_OPTIMIZERS)])
+  def testAppliesWhenAllFiniteLikeUnwrapped(self, opt_name):
+    self._checkAppliedStepEqualsUnwrapped(opt_name)
+
+  @parameterized.named_parameters(*[(n, n) for n in sorted(_OPTIMIZERS)])
+  def testVariableNamesMatchUnwrapped(self, opt_name):
+    # Drop-in: a checkpoint of an unwrapped run has the same names (the
+    # wrapper only adds its counters).
+    make, _ = _OPTIMIZERS[opt_name]
+    names = []
+    for wrap in (False, True):
+      with tf.Graph().as_default():
+        x = tf1.placeholder(tf.float32, [3])
+        loss, _ = _model(x)
+        global_step = tf1.train.get_or_create_global_step()
+        opt = make()
+        if wrap:
+          opt = optimizer_lib.SkipNonFiniteOptimizer(opt)
+        with tf.name_scope("train"):
+          opt.minimize(loss, global_step=global_step)
+        names.append(sorted(v.op.name for v in tf1.global_variables()))
+    self.assertEqual(
+        sorted(names[0] + ["applied_steps", "consecutive_skips",
+                           "skipped_steps"]), names[1])
+
+
+class OtherConfigsTest(tf.test.TestCase, parameterized.TestCase,
+                       _SkipAxesMixin):
+  """Representative optimizers under cond v1 and/or ref variables."""
+
+  @parameterized.named_parameters(*[
+      ("%s%s" % (opt, cfg), opt, cfg)
+      for opt, cfg in itertools.product(_REPRESENTATIVE, sorted(_CONFIGS))])
+  def testSkipsWhenGradHasNan(self, opt_name, config):
+    with _tf_config(*_CONFIGS[config]):
+      self._checkNanStepChangesNothing(opt_name)
+
+  @parameterized.named_parameters(*[
+      ("%s%s" % (opt, cfg), opt, cfg)
+      for opt, cfg in itertools.product(_REPRESENTATIVE, sorted(_CONFIGS))])
+  def testAppliesWhenAllFiniteLikeUnwrapped(self, opt_name, config):
+    with _tf_config(*_CONFIGS[config]):
+      self._checkAppliedStepEqualsUnwrapped(opt_name)
+
+  def testConfigIsInEffect(self):
+    # The configs above really build ref variables and v1 conds.
+    configs = dict(_CONFIGS, Default=(True, True))
+    for config in sorted(configs):
+      control_flow_v2, resource_variables = configs[config]
+      with _tf_config(control_flow_v2, resource_variables):
+        with tf.Graph().as_default() as graph:
+          x = tf1.placeholder(tf.float32, [3])
+          loss, var_list = _model(x)
+          optimizer_lib.SkipNonFiniteOptimizer(
+              tf1.train.MomentumOptimizer(0.1, 0.9)).minimize(loss)
+          op_types = {op.type for op in graph.get_operations()}
+      self.assertEqual(resource_variables, hasattr(var_list[0], "handle"),
+                       config)
+      # v1 conds are Switch/Merge, v2 conds an If op; ref variables always
+      # get a v1 cond (a v2 branch function cannot capture them).
+      uses_cond_v1 = not (control_flow_v2 and resource_variables)
+      self.assertEqual(uses_cond_v1, "Switch" in op_types, config)
+      self.assertEqual(not uses_cond_v1, "If" in op_types, config)
+    self.assertTrue(tf1.control_flow_v2_enabled())
+    self.assertTrue(tf1.resource_variables_enabled())
+
+
+class WrapperApiTest(tf.test.TestCase):
+
+  def testIsATf1Optimizer(self):
+    opt = optimizer_lib.SkipNonFiniteOptimizer(
+        tf1.train.GradientDescentOptimizer(0.1))
+    self.assertIsInstance(opt, tf1.train.Optimizer)
+
+  def testWrappingANonOptimizerRaisesTypeError(self):
+    for not_an_optimizer in ("adam", None, object(),
+                             tf.keras.optimizers.SGD(0.1)):
+      with self.assertRaisesRegex(TypeError, "tf.compat.v1.train.Optimizer"):
+        optimizer_lib.SkipNonFiniteOptimizer(not_an_optimizer)
+
+  def testMinimizeWithGlobalStepAndVarList(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, (w, b) = _model(x)
+      global_step = tf1.train.get_or_create_global_step()
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.5))
+      train_op = opt.minimize(loss, global_step=global_step, var_list=[w])
+      self.assertEqual(["model/w"], opt.guard_result().variable_names)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        w0, b0 = sess.run([w, b])
+        sess.run(train_op, {x: _GOOD_X})
+        w1, b1 = sess.run([w, b])
+        # d/dw sum((w*x - 1)^2) = 2 x (w x - 1).
+        self.assertAllClose(w0 - 0.5 * 2 * _GOOD_X * (w0 * _GOOD_X - 1), w1)
+        self.assertTrue(np.array_equal(b0, b1))
+        self.assertEqual(1, sess.run(global_step))
+        sess.run(train_op, {x: _NAN_X})
+        self.assertTrue(np.array_equal(w1, sess.run(w)))
+        self.assertEqual(2, sess.run(global_step))
+
+  def testIncrementGlobalStepOnSkipFalse(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, _ = _model(x)
+      global_step = tf1.train.get_or_create_global_step()
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1),
+          increment_global_step_on_skip=False)
+      train_op = opt.minimize(loss, global_step=global_step)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        steps = []
+        for batch in (_GOOD_X, _NAN_X, _NAN_X, _GOOD_X2):
+          sess.run(train_op, {x: batch})
+          steps.append(sess.run(global_step))
+        self.assertEqual([1, 1, 1, 2], steps)
+
+  def testComputeGradientsAndSlotsDelegate(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, (w, b) = _model(x)
+      inner = tf1.train.AdamOptimizer(0.01)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(inner)
+      self.assertIs(inner, opt.wrapped_optimizer)
+      grads_and_vars = opt.compute_gradients(loss)
+      self.assertEqual([w, b], [v for _, v in grads_and_vars])
+      opt.apply_gradients(grads_and_vars)
+      self.assertEqual(["m", "v"], sorted(opt.get_slot_names()))
+      for var in (w, b):
+        for slot_name in ("m", "v"):
+          slot = opt.get_slot(var, slot_name)
+          self.assertIsNotNone(slot)
+          self.assertIs(inner.get_slot(var, slot_name), slot)
+      self.assertNotEmpty(opt.variables())
+      self.assertEqual(inner.variables(), opt.variables())
+      # Named as the unwrapped optimizer names them, not inside the cond.
+      self.assertEqual(
+          ["beta1_power", "beta2_power", "model/b/Adam", "model/b/Adam_1",
+           "model/w/Adam", "model/w/Adam_1"],
+          sorted(v.op.name for v in opt.variables()))
+
+  def testRestoresCheckpointOfUnwrappedRun(self):
+    path = self.get_temp_dir() + "/unwrapped"
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, _ = _model(x)
+      train_op = tf1.train.AdamOptimizer(0.01).minimize(loss)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(train_op, {x: _GOOD_X})
+        saved = _snapshot(sess)
+        tf1.train.Saver().save(sess, path)
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, _ = _model(x)
+      train_op = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.AdamOptimizer(0.01)).minimize(loss)
+      counters = list(counters_lib.skip_counters())
+      old_variables = [v for v in tf1.global_variables()
+                       if v.op.name not in {c.op.name for c in counters}]
+      with tf1.Session() as sess:
+        sess.run(tf1.variables_initializer(counters))
+        tf1.train.Saver(old_variables).restore(sess, path)
+        _assert_bit_identical(self, saved, _snapshot(sess, counters))
+        sess.run(train_op, {x: _NAN_X})
+        _assert_bit_identical(self, saved, _snapshot(sess, counters))
+
+  def testAppliedIsTrueOnFiniteStepAndFalseOnNanStep(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, _ = _model(x)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.MomentumOptimizer(0.1, 0.9))
+      with self.assertRaisesRegex(ValueError, "has not been called"):
+        opt.applied()
+      train_op = opt.minimize(loss)
+      applied = opt.applied()
+      self.assertEqual(tf.bool, applied.dtype)
+      self.assertIn(opt.guard_result(),
+                    tf1.get_collection(optimizer_lib.GUARD_RESULTS))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        self.assertTrue(sess.run([train_op, applied], {x: _GOOD_X})[1])
+        self.assertFalse(sess.run([train_op, applied], {x: _NAN_X})[1])
+        self.assertTrue(sess.run([train_op, applied], {x: _GOOD_X2})[1])
+
+
+class SparseGradientTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("Adam", lambda: tf1.train.AdamOptimizer(0.1), "ResourceScatterAdd"),
+      ("Adagrad", lambda: tf1.train.AdagradOptimizer(0.1),
+       "ResourceSparseApplyAdagrad"))
+  def testSkipsWhenEmbeddingGradHasNan(self, make, sparse_op_type):
+    with tf.Graph().as_default() as graph:
+      table = tf1.get_variable(
+          "table", initializer=tf.constant(
+              [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8], [0.9, 1.0]]))
+      ids = tf.constant([1, 3, 1])
+      scale = tf1.placeholder(tf.float32, [])
+      loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) * scale)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(make())
+      grads_and_vars = opt.compute_gradients(loss)
+      self.assertIsInstance(grads_and_vars[0][0], tf.IndexedSlices)
+      train_op = opt.apply_gradients(grads_and_vars)
+      # The wrapped optimizer took its sparse path (inside the cond branch).
+      op_types = {node.op for f in graph.as_graph_def().library.function
+                  for node in f.node_def}
+      self.assertIn(sparse_op_type, op_types)
+      counters = list(counters_lib.skip_counters())
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = _snapshot(sess, counters)
+        sess.run(train_op, {scale: 1.5})
+        after_good = _snapshot(sess, counters)
+        self.assertFalse(np.array_equal(initial["table"], after_good["table"]))
+        # Rows 0, 2 and 4 have no gradient: the sparse update leaves them.
+        self.assertTrue(np.array_equal(initial["table"][[0, 2, 4]],
+                                       after_good["table"][[0, 2, 4]]))
+        sess.run(train_op, {scale: _NAN})
+        _assert_bit_identical(self, after_good, _snapshot(sess, counters))
+        self.assertEqual([1, 1, 1], sess.run(counters))
+
+
+if __name__ == "__main__":
+  tf.test.main()

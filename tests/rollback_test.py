@@ -1,0 +1,320 @@
+"""Tests for tf1_safe_train.rollback and legacy UPDATE_OPS batch norm."""
+
+import contextlib
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train import counters as counters_lib
+from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train import rollback
+
+tf1 = tf.compat.v1
+
+_NAN = float("nan")
+
+
+@contextlib.contextmanager
+def _ref_variables():
+  """Legacy ref variables for the block; resource variables again after."""
+  was_enabled = tf1.resource_variables_enabled()
+  tf1.disable_resource_variables()
+  try:
+    yield
+  finally:
+    if was_enabled:
+      tf1.enable_resource_variables()
+
+
+@contextlib.contextmanager
+def _maybe_ref_variables(use_ref):
+  if use_ref:
+    with _ref_variables():
+      yield
+  else:
+    yield
+
+
+def _names(variables):
+  return [v.op.name for v in variables]
+
+
+class WrittenVariablesTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(("Resource", False), ("Ref", True))
+  def testFindsAssignSubAssignAndAssignAddTargets(self, use_ref):
+    with _maybe_ref_variables(use_ref), tf.Graph().as_default():
+      a = tf1.get_variable("a", initializer=tf.constant([1.0, 2.0]))
+      b = tf1.get_variable("b", initializer=tf.constant([1.0, 2.0]))
+      c = tf1.get_variable("c", initializer=tf.constant([1.0, 2.0]))
+      d = tf1.get_variable("d", initializer=tf.constant([1.0, 2.0]))
+      self.assertEqual(not use_ref, hasattr(a, "handle"))
+      updates = [tf1.assign_sub(a, [0.5, 0.5]), tf1.assign(b, [3.0, 4.0]),
+                 tf1.assign_add(c, [1.0, 1.0]),
+                 tf1.scatter_update(d, [0], [9.0])]
+      expected_types = (
+          ["AssignSub", "Assign", "AssignAdd", "ScatterUpdate"] if use_ref
+          else ["AssignSubVariableOp", "AssignVariableOp",
+                "AssignAddVariableOp", "ResourceScatterUpdate"])
+      self.assertEqual(expected_types,
+                       [rollback.as_op(u).type for u in updates])
+      self.assertEqual(["a", "b", "c", "d"],
+                       _names(rollback.written_variables(updates)))
+      for update, name in zip(updates, "abcd"):
+        self.assertEqual([name], _names(rollback.written_variables([update])))
+
+  def testFindsTargetThroughUnreadVariableIdentityAndGroup(self):
+    with tf.Graph().as_default():
+      a = tf1.get_variable("a", initializer=tf.constant([1.0]))
+      b = tf1.get_variable("b", initializer=tf.constant([1.0]))
+      c = tf1.get_variable("c", initializer=tf.constant([1.0]))
+      d = tf1.get_variable("d", initializer=tf.constant([1.0]))
+      unread = tf1.assign_sub(a, [0.5])
+      self.assertEqual("_UnreadVariable", type(unread).__name__)
+      identity = tf.identity(tf1.assign_sub(b, [0.5]))
+      self.assertEqual("Identity", identity.op.type)
+      group = tf.group(tf1.assign_sub(c, [0.5]), name="bn_updates")
+      self.assertEqual("NoOp", group.type)
+      nested = tf.group(tf.identity(tf.identity(tf1.assign_sub(d, [0.5]))))
+      self.assertEqual(["a"], _names(rollback.written_variables([unread])))
+      self.assertEqual(["b"], _names(rollback.written_variables([identity])))
+      self.assertEqual(["c"], _names(rollback.written_variables([group])))
+      self.assertEqual(["d"], _names(rollback.written_variables([nested])))
+      self.assertEqual(
+          ["a", "b", "c", "d"],
+          _names(rollback.written_variables([nested, group, identity,
+                                             unread])))
+
+  def testFindsRefVariableThroughIdentityAndGroup(self):
+    with _ref_variables(), tf.Graph().as_default():
+      a = tf1.get_variable("a", initializer=tf.constant([1.0]))
+      b = tf1.get_variable("b", initializer=tf.constant([1.0]))
+      identity = tf.identity(tf1.assign_sub(a, [0.5]))
+      group = tf.group(tf1.assign_sub(b, [0.5]))
+      self.assertEqual(["a", "b"],
+                       _names(rollback.written_variables([group, identity])))
+
+  def testDoesNotWalkIntoTheForwardPass(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [8, 8])
+      # A forward pass that itself writes a variable and reads many.
+      steps_seen = tf1.get_variable("steps_seen", initializer=tf.constant(0.0),
+                                    trainable=False)
+      seen_update = tf1.assign_add(steps_seen, 1.0)
+      h = x * tf.identity(seen_update)
+      for i in range(30):
+        w = tf1.get_variable("w%d" % i, initializer=tf.eye(8))
+        h = tf.identity(tf.nn.relu(tf.matmul(h, w)))
+      moving_mean = tf1.get_variable("moving_mean", initializer=tf.zeros([8]),
+                                     trainable=False)
+      with tf1.control_dependencies([seen_update]):
+        update = tf1.assign_sub(
+            moving_mean, (moving_mean - tf.reduce_mean(h, 0)) * 0.1)
+      self.assertEqual(
+          ["moving_mean"],
+          _names(rollback.written_variables([update, tf.identity(update)])))
+      # The forward pass really does write steps_seen.
+      self.assertEqual(["steps_seen"],
+                       _names(rollback.written_variables([seen_update])))
+
+  def testNoUpdateOpsIsEmpty(self):
+    self.assertEqual([], rollback.written_variables([]))
+    self.assertEqual([], rollback.written_variables(None))
+
+  def testRaisesWhenTargetIsNotAGraphVariable(self):
+    with tf.Graph().as_default():
+      hidden = tf1.Variable([1.0], collections=[], name="hidden")
+      with self.assertRaisesRegex(ValueError, "hidden"):
+        rollback.written_variables([tf1.assign_sub(hidden, [0.5])])
+
+  def testFindsLocalVariables(self):
+    with tf.Graph().as_default():
+      local = tf1.get_variable(
+          "local", initializer=tf.constant([1.0]),
+          collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+      self.assertEqual(
+          ["local"],
+          _names(rollback.written_variables([tf1.assign_sub(local, [1.0])])))
+
+
+class RollbackTest(tf.test.TestCase):
+
+  def testShadowIsMadeOncePerVariableAndSaved(self):
+    with tf.Graph().as_default():
+      v = tf1.get_variable("bn/moving_mean", initializer=tf.constant([1.0]),
+                           trainable=False)
+      with tf1.name_scope("tower_1"):
+        first = rollback.Rollback([v])
+      second = rollback.Rollback([v])
+      self.assertEqual([v], first.variables)
+      shadows = [x for x in tf1.global_variables() if x is not v]
+      self.assertEqual(["bn/moving_mean/skip_shadow"], _names(shadows))
+      self.assertEmpty(tf1.trainable_variables())
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(tf1.assign(v, [7.0]))
+        sess.run(second.commit())
+        sess.run(tf1.assign(v, [_NAN]))
+        sess.run(first.restore())
+        self.assertTrue(np.array_equal([7.0], sess.run(v)))
+        self.assertTrue(np.array_equal([7.0], sess.run(shadows[0])))
+
+
+def _legacy_net(images, labels):
+  """Conv + hand-written batch norm + dense, legacy UPDATE_OPS style."""
+  rng = np.random.RandomState(0)
+  with tf1.variable_scope("net"):
+    kernel = tf1.get_variable(
+        "conv/kernel", initializer=rng.randn(3, 3, 1, 2).astype(np.float32))
+    gamma = tf1.get_variable("bn/gamma", initializer=tf.ones([2]))
+    beta = tf1.get_variable("bn/beta", initializer=tf.zeros([2]))
+    moving_mean = tf1.get_variable("bn/moving_mean", initializer=tf.zeros([2]),
+                                   trainable=False)
+    moving_variance = tf1.get_variable(
+        "bn/moving_variance", initializer=tf.ones([2]), trainable=False)
+    dense = tf1.get_variable(
+        "dense/kernel", initializer=rng.randn(2, 3).astype(np.float32))
+  conv = tf.nn.conv2d(images, kernel, strides=1, padding="SAME")
+  normed, mean, variance = tf1.nn.fused_batch_norm(
+      conv, gamma, beta, is_training=True)
+  decay = 0.9
+  tf1.add_to_collection(
+      tf1.GraphKeys.UPDATE_OPS,
+      tf1.assign_sub(moving_mean, (moving_mean - mean) * (1 - decay)))
+  tf1.add_to_collection(
+      tf1.GraphKeys.UPDATE_OPS,
+      tf1.assign_sub(moving_variance, (moving_variance - variance) *
+                     (1 - decay)))
+  logits = tf.matmul(tf.reduce_mean(tf.nn.relu(normed), [1, 2]), dense)
+  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits))
+  return loss, moving_mean, moving_variance
+
+
+def _legacy_train_op():
+  """Builds the legacy net and its train op exactly like legacy code."""
+  images = tf1.placeholder(tf.float32, [4, 4, 4, 1])
+  labels = tf.constant([0, 1, 2, 0])
+  loss, moving_mean, moving_variance = _legacy_net(images, labels)
+  global_step = tf1.train.get_or_create_global_step()
+  opt = optimizer_lib.SkipNonFiniteOptimizer(
+      tf1.train.MomentumOptimizer(0.1, 0.9))
+  update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+  with tf1.control_dependencies(update_ops):
+    train_op = opt.minimize(loss, global_step=global_step)
+  return images, train_op, (moving_mean, moving_variance)
+
+
+def _batch(seed, nan=False):
+  images = np.random.RandomState(seed).rand(4, 4, 4, 1).astype(np.float32)
+  if nan:
+    images[2, 1, 3, 0] = _NAN
+  return images
+
+
+def _state(sess):
+  """Every global variable but the counters and global_step, by name."""
+  skip = set(_names(counters_lib.skip_counters())) | {"global_step"}
+  variables = [v for v in tf1.global_variables() if v.op.name not in skip]
+  return dict(zip(_names(variables), sess.run(variables)))
+
+
+class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _assertSameState(self, expected, actual):
+    self.assertEqual(sorted(expected), sorted(actual))
+    self.assertNotEmpty(expected)
+    for name in expected:
+      self.assertTrue(np.array_equal(expected[name], actual[name]),
+                      "%s: %r != %r" % (name, expected[name], actual[name]))
+
+  @parameterized.named_parameters(("Resource", False), ("Ref", True))
+  def testSkipsNanBatchAndRollsBackMovingStatistics(self, use_ref):
+    with _maybe_ref_variables(use_ref), tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      self.assertEqual(not use_ref, hasattr(moving[0], "handle"))
+      shadow_names = [n + "/skip_shadow" for n in _names(moving)]
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = sess.run(list(moving))
+        sess.run(train_op, {images: _batch(1)})
+        before = _state(sess)
+        for name in shadow_names:
+          self.assertIn(name, before)
+        for name, value in zip(_names(moving), initial):
+          self.assertFalse(np.array_equal(value, before[name]), name)
+
+        sess.run(train_op, {images: _batch(2, nan=True)})
+        after_nan = _state(sess)
+        for name in _names(moving):
+          self.assertTrue(np.isfinite(after_nan[name]).all(), name)
+        self._assertSameState(before, after_nan)
+        self.assertEqual([1, 1, 1], sess.run(list(
+            counters_lib.skip_counters())))
+
+        sess.run(train_op, {images: _batch(3)})
+        after_good = _state(sess)
+        for name in _names(moving) + ["net/conv/kernel", "net/dense/kernel"]:
+          self.assertTrue(np.isfinite(after_good[name]).all(), name)
+          self.assertFalse(np.array_equal(before[name], after_good[name]),
+                           name)
+
+  def testShadowsAreSavedAndRestoredAfterARestart(self):
+    path = self.get_temp_dir() + "/legacy_bn"
+    with tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      shadow_names = [n + "/skip_shadow" for n in _names(moving)]
+      for name in shadow_names:
+        self.assertIn(name, _names(tf1.global_variables()))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = sess.run(list(moving))
+        for seed in (1, 2, 3):
+          sess.run(train_op, {images: _batch(seed)})
+        saved = sess.run(list(moving))
+        tf1.train.Saver().save(sess, path)
+    in_checkpoint = [name for name, _ in tf.train.list_variables(path)]
+    for name in shadow_names:
+      self.assertIn(name, in_checkpoint)
+
+    with tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        tf1.train.Saver().restore(sess, path)
+        sess.run(train_op, {images: _batch(4, nan=True)})
+        after_nan = sess.run(list(moving))
+    for value, restored, first in zip(after_nan, saved, initial):
+      self.assertTrue(np.array_equal(restored, value), (restored, value))
+      self.assertFalse(np.array_equal(first, value))
+
+  def testWithoutSavedShadowsASkipWouldRestoreInitialValues(self):
+    # Why the shadows must be checkpointed: restored without them, the first
+    # skipped step after a restart takes the moving statistics back to their
+    # initial values.
+    path = self.get_temp_dir() + "/no_shadows"
+    with tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      not_shadows = [v for v in tf1.global_variables()
+                     if not v.op.name.endswith("skip_shadow")]
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = sess.run(list(moving))
+        sess.run(train_op, {images: _batch(1)})
+        tf1.train.Saver(not_shadows).save(sess, path)
+    with tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      not_shadows = [v for v in tf1.global_variables()
+                     if not v.op.name.endswith("skip_shadow")]
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        tf1.train.Saver(not_shadows).restore(sess, path)
+        sess.run(train_op, {images: _batch(4, nan=True)})
+        after_nan = sess.run(list(moving))
+    for value, first in zip(after_nan, initial):
+      self.assertTrue(np.array_equal(first, value))
+
+
+if __name__ == "__main__":
+  tf.test.main()
