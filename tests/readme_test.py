@@ -1,0 +1,50 @@
+"""The README's promises that a test can check: its example runs as written."""
+
+import os
+import re
+import subprocess
+import sys
+
+import tensorflow as tf
+
+
+def _readme():
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"], "README.md")
+  else:
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+  with open(path) as f:
+    return f.read()
+
+
+def _example():
+  """The python block that follows the readme-example marker."""
+  match = re.search(r"<!-- readme-example[^>]*-->\s*```python\n(.*?)```",
+                    _readme(), re.S)
+  return match.group(1) if match else None
+
+
+class ReadmeTest(tf.test.TestCase):
+
+  def testExampleRunsAsWritten(self):
+    code = _example()
+    self.assertIsNotNone(code, "no readme-example block in README.md")
+    self.assertLessEqual(len(code.strip().splitlines()), 40)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                            text=True, env=env, timeout=300, check=False,
+                            cwd=self.get_temp_dir())
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("global_step 5 applied 4 skipped 1 finite True",
+                  result.stdout)
+
+  def testQuickStartCommandsAreThere(self):
+    readme = _readme()
+    self.assertIn("./bazelw run //:train -- ", readme)
+    self.assertIn("./bazelw test //...", readme)
+
+
+if __name__ == "__main__":
+  tf.test.main()
