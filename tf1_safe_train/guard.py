@@ -119,6 +119,7 @@ def guarded_apply(grads_and_vars,
                   increment_global_step_on_skip=True,
                   update_ops=None,
                   extra_nonfinite=(),
+                  branch_ops=(),
                   name="skip_nonfinite"):
   """Builds one step that applies `apply_fn` only if every gradient is finite.
 
@@ -140,6 +141,9 @@ def guarded_apply(grads_and_vars,
       last applied value (see `rollback`).
     extra_nonfinite: bool scalar tensors that also skip the step when True,
       e.g. one per tower from `count_nonfinite(tower_grads) > 0`.
+    branch_ops: objects with `on_apply()` and `on_skip()` methods returning
+      ops, built inside the apply (after the update) and skip branches, e.g.
+      a `loss_scale.DynamicLossScale`.
     name: name scope of the step's ops.
 
   Returns:
@@ -172,6 +176,7 @@ def guarded_apply(grads_and_vars,
         with tf1.control_dependencies([update]):
           steps = [protected.commit(),
                    _increment(counters.applied_steps),
+                   *[b.on_apply() for b in branch_ops],
                    tf1.assign(counters.consecutive_skips,
                               tf.constant(0, dtype=tf.int64))]
           if global_step is not None and not increment_global_step_on_skip:
@@ -183,6 +188,7 @@ def guarded_apply(grads_and_vars,
       with tf1.name_scope("skip"):
         steps = [protected.restore(),
                  _increment(counters.skipped_steps),
+                 *[b.on_skip() for b in branch_ops],
                  _increment(counters.consecutive_skips)]
         with tf1.control_dependencies(steps):
           return tf.identity(tf.constant(False))

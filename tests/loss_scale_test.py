@@ -1,0 +1,103 @@
+"""Tests for the dynamic loss scale that shares the guard's decision."""
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train import guard
+from tf1_safe_train import loss_scale as loss_scale_lib
+
+tf1 = tf.compat.v1
+
+
+def _build(growth_steps=3, initial_scale=8.0):
+  """A float16 model of one variable; `x` feeds the input."""
+  x = tf1.placeholder(tf.float16, [3])
+  w = tf1.get_variable("w", initializer=tf.constant([1.0, 2.0, 3.0]))
+  scale = loss_scale_lib.DynamicLossScale(
+      initial_scale=initial_scale, growth_steps=growth_steps)
+  loss = tf.reduce_sum(tf.cast(w, tf.float16) * x)
+  opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
+  scale_value = scale.scale()
+  grads = opt.compute_gradients(scale.scale_loss(loss), var_list=[w])
+  result = guard.guarded_apply(
+      scale.unscale(grads, scale_value), opt.apply_gradients,
+      branch_ops=[scale])
+  return x, w, opt, scale, result
+
+
+class DynamicLossScaleTest(tf.test.TestCase):
+
+  def testHalvesOnOverflowAndKeepsEverythingElse(self):
+    with tf.Graph().as_default():
+      x, w, opt, scale, result = _build()
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(result.train_op, {x: [1.0, 1.0, 1.0]})
+        momentum = opt.get_slot(w, "momentum")
+        before = sess.run([w, momentum])
+        # 60000 * scale 8 overflows float16 (max 65504): an Inf gradient.
+        applied = sess.run(result.applied, {x: [60000.0, 1.0, 1.0]})
+        self.assertFalse(applied)
+        after = sess.run([w, momentum])
+        for b, a in zip(before, after):
+          self.assertTrue(np.array_equal(b, a))
+        self.assertEqual(sess.run(scale.variables.scale), 4.0)
+        self.assertEqual(sess.run(scale.variables.good_steps), 0)
+        # At scale 4 the same input fits in float16: the step applies.
+        self.assertTrue(sess.run(result.applied, {x: [60000.0 / 8, 1.0, 1.0]}))
+
+  def testGrowsAfterGoodSteps(self):
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(growth_steps=3, initial_scale=8.0)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        scales = []
+        for _ in range(7):
+          sess.run(result.train_op, {x: [1.0, 1.0, 1.0]})
+          scales.append(sess.run(scale.variables.scale))
+        self.assertEqual(scales, [8.0, 8.0, 16.0, 16.0, 16.0, 32.0, 32.0])
+
+  def testFloorAndFloorSkips(self):
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(initial_scale=2.0)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        bad = {x: [np.nan, 1.0, 1.0]}
+        values = []
+        for _ in range(4):
+          sess.run(result.train_op, bad)
+          values.append(tuple(sess.run([scale.variables.scale,
+                                        scale.variables.floor_skips])))
+        # 2 -> 1 (an overflow-like skip), then skips at the floor: faults.
+        self.assertEqual(values, [(1.0, 0), (1.0, 1), (1.0, 2), (1.0, 3)])
+        sess.run(result.train_op, {x: [1.0, 1.0, 1.0]})
+        self.assertEqual(sess.run(scale.variables.floor_skips), 0)
+
+  def testScaleSurvivesCheckpoint(self):
+    path = self.get_temp_dir() + "/ckpt"
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(initial_scale=64.0)
+      saver = tf1.train.Saver()
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(result.train_op, {x: [np.inf, 1.0, 1.0]})
+        sess.run(result.train_op, {x: [1.0, 1.0, 1.0]})
+        saver.save(sess, path)
+    with tf.Graph().as_default():
+      _, _, _, scale, _ = _build(initial_scale=64.0)
+      saver = tf1.train.Saver()
+      with tf1.Session() as sess:
+        saver.restore(sess, path)
+        self.assertEqual(sess.run(scale.variables.scale), 32.0)
+        self.assertEqual(sess.run(scale.variables.good_steps), 1)
+
+  def testRejectsBadSettings(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(ValueError, "floor"):
+        loss_scale_lib.DynamicLossScale(initial_scale=0.5, floor=1.0)
+      with self.assertRaisesRegex(ValueError, "growth_steps"):
+        loss_scale_lib.DynamicLossScale(growth_steps=0)
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,139 @@
+"""Dynamic loss scaling that shares the guard's single apply/skip decision.
+
+float16 gradients underflow unless the loss is scaled up before
+differentiation; too large a scale overflows them into Inf. The scale is a
+checkpointed variable: a skipped step halves it (down to a floor of 1), and
+`growth_steps` applied steps in a row double it. Skips at the floor scale are
+real faults, counted apart from expected overflows.
+"""
+
+import collections
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+LossScaleState = collections.namedtuple(
+    "LossScaleState", ["scale", "good_steps", "floor_skips"])
+LossScaleState.__doc__ = """Loss-scale variables (or tensors read after a step).
+
+Attributes:
+  scale: float32, the current loss scale.
+  good_steps: int64, applied steps since the scale last changed.
+  floor_skips: int64, skipped steps in a row taken at the floor scale (real
+    faults, not overflows); reset by an applied step.
+"""
+
+
+class DynamicLossScale(object):
+  """A dynamic loss scale whose updates live in the guard's branches.
+
+  Use: scale the loss by `scale()` before computing gradients, pass the
+  gradients through `unscale()`, and give this object to
+  `guard.guarded_apply(..., branch_ops=[loss_scale])`, which calls
+  `on_apply()` inside its apply branch and `on_skip()` inside its skip branch.
+  """
+
+  def __init__(self, initial_scale=2.0**15, growth_steps=2000, floor=1.0,
+               name="loss_scale"):
+    """Creates the scale's variables (once per name in a graph).
+
+    Args:
+      initial_scale: the starting scale (a power of two keeps the scaling
+        exact).
+      growth_steps: double the scale after this many applied steps in a row.
+      floor: the smallest scale; skips at this scale are real faults.
+      name: variable name scope.
+
+    Raises:
+      ValueError: for a non-positive scale, floor or growth_steps, or an
+        initial scale below the floor.
+    """
+    if not floor > 0 or not initial_scale >= floor:
+      raise ValueError("loss scale: need 0 < floor <= initial_scale, got "
+                       "floor=%r initial_scale=%r" % (floor, initial_scale))
+    if int(growth_steps) != growth_steps or growth_steps < 1:
+      raise ValueError("loss scale: growth_steps must be an integer >= 1, got "
+                       "%r" % (growth_steps,))
+    self._growth_steps = int(growth_steps)
+    self._floor = float(floor)
+    self._initial_scale = float(initial_scale)
+    with tf1.init_scope(), tf1.variable_scope(name, reuse=tf1.AUTO_REUSE):
+      self._state = LossScaleState(
+          scale=tf1.get_variable(
+              "scale", initializer=tf.constant(self._initial_scale),
+              trainable=False, use_resource=True),
+          good_steps=tf1.get_variable(
+              "good_steps", initializer=tf.constant(0, tf.int64),
+              trainable=False, use_resource=True),
+          floor_skips=tf1.get_variable(
+              "floor_skips", initializer=tf.constant(0, tf.int64),
+              trainable=False, use_resource=True))
+
+  @property
+  def variables(self):
+    return self._state
+
+  @property
+  def floor(self):
+    return self._floor
+
+  def scale(self):
+    """The current scale (a float32 tensor) to multiply the loss by."""
+    return self._state.scale.read_value()
+
+  def scale_loss(self, loss):
+    """`loss` times the current scale, in the loss's dtype."""
+    return loss * tf.cast(self.scale(), loss.dtype)
+
+  def unscale(self, grads_and_vars, scale=None):
+    """Divides each gradient by the scale, in float32, for the finite check.
+
+    Args:
+      grads_and_vars: (gradient, variable) pairs computed from the scaled loss.
+      scale: the scale tensor the loss was multiplied by (default: a fresh
+        read; pass the same tensor used for the loss so both agree).
+
+    Returns:
+      (gradient, variable) pairs with float32 gradients divided by the scale.
+    """
+    scale = self.scale() if scale is None else scale
+    inverse = 1.0 / scale
+    out = []
+    for g, v in grads_and_vars:
+      if g is None:
+        out.append((g, v))
+      elif isinstance(g, tf.IndexedSlices):
+        out.append((tf.IndexedSlices(tf.cast(g.values, tf.float32) * inverse,
+                                     g.indices, g.dense_shape), v))
+      else:
+        out.append((tf.cast(g, tf.float32) * inverse, v))
+    return out
+
+  def on_apply(self):
+    """Op for the apply branch: count a good step, grow the scale if due."""
+    s = self._state
+    good = s.good_steps.read_value() + 1
+    grow = good >= self._growth_steps
+    return tf.group(
+        tf1.assign(s.scale, tf.where(grow, s.scale.read_value() * 2.0,
+                                     s.scale.read_value())),
+        tf1.assign(s.good_steps, tf.where(grow, tf.zeros_like(good), good)),
+        tf1.assign(s.floor_skips, tf.constant(0, tf.int64)),
+        name="loss_scale_on_apply")
+
+  def on_skip(self):
+    """Op for the skip branch: halve the scale (floor), count floor skips."""
+    s = self._state
+    scale = s.scale.read_value()
+    at_floor = scale <= self._floor
+    return tf.group(
+        tf1.assign(s.scale, tf.maximum(scale * 0.5, self._floor)),
+        tf1.assign(s.good_steps, tf.constant(0, tf.int64)),
+        tf1.assign_add(s.floor_skips, tf.cast(at_floor, tf.int64)),
+        name="loss_scale_on_skip")
+
+  def read_after(self, op):
+    """The state read after `op` (e.g. the train op), for hooks."""
+    with tf1.control_dependencies([op]):
+      return LossScaleState(*[tf.identity(v.read_value()) for v in self._state])
