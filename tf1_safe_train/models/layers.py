@@ -7,6 +7,11 @@ under a reusing variable scope and share one set of variables.
 Variable names are part of the contract: kernels are `<scope>/weights` (the
 trainer applies weight decay to exactly these), biases `<scope>/biases`, and
 batch norm owns `beta`, `gamma`, `moving_mean` and `moving_variance`.
+
+Kernels and biases take the input's dtype, so a float16 or bfloat16 input
+computes in that precision; build the model under
+`precision.float32_master_weights()` to keep float32 master variables. Batch
+norm's parameters and statistics are always float32.
 """
 
 import tensorflow as tf
@@ -47,16 +52,16 @@ def check_model_inputs(images, num_classes, model):
     model: the model's name, for the message.
 
   Raises:
-    ValueError: unless `images` is float32 [batch, height, width, 3] with
+    ValueError: unless `images` is float [batch, height, width, 3] with
       static height and width and `num_classes` is a positive int.
   """
   if (isinstance(num_classes, bool) or not isinstance(num_classes, int) or
       num_classes <= 0):
     raise ValueError("%s: num_classes must be a positive int, got %r" %
                      (model, num_classes))
-  if images.dtype != tf.float32:
-    raise ValueError("%s: images must be float32, got %s" %
-                     (model, images.dtype.name))
+  if images.dtype not in (tf.float32, tf.float16, tf.bfloat16):
+    raise ValueError("%s: images must be float32, float16 or bfloat16, got %s"
+                     % (model, images.dtype.name))
   shape = images.shape
   if shape.rank != 4 or None in shape[1:] or shape[3] != 3:
     raise ValueError("%s: images must be [batch, height, width, 3] with "
@@ -108,13 +113,13 @@ def conv2d(x,
   with tf1.variable_scope(scope):
     kernel = tf1.get_variable(
         WEIGHTS, [kernel_size, kernel_size, in_channels, filters],
-        dtype=tf.float32,
+        dtype=x.dtype,
         initializer=kernel_initializer or he_initializer())
     y = tf.nn.conv2d(x, kernel, strides=[1, strides, strides, 1],
                      padding=padding)
     if use_bias:
       biases = tf1.get_variable(
-          BIASES, [filters], dtype=tf.float32,
+          BIASES, [filters], dtype=x.dtype,
           initializer=bias_initializer or tf1.zeros_initializer())
       y = tf.nn.bias_add(y, biases)
     return y
@@ -146,12 +151,12 @@ def dense(x, units, scope, use_bias=True, kernel_initializer=None,
                      x.shape)
   with tf1.variable_scope(scope):
     kernel = tf1.get_variable(
-        WEIGHTS, [in_features, units], dtype=tf.float32,
+        WEIGHTS, [in_features, units], dtype=x.dtype,
         initializer=kernel_initializer or tf1.glorot_uniform_initializer())
     y = tf.linalg.matmul(x, kernel)
     if use_bias:
       biases = tf1.get_variable(
-          BIASES, [units], dtype=tf.float32,
+          BIASES, [units], dtype=x.dtype,
           initializer=bias_initializer or tf1.zeros_initializer())
       y = tf.nn.bias_add(y, biases)
     return y

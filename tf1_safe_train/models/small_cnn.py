@@ -19,9 +19,12 @@ def _truncated_normal(stddev):
 
 
 def _lrn(x, name):
-  # The tutorial's normalisation constants, kept for faithfulness.
-  return tf.nn.local_response_normalization(
-      x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name=name)
+  # The tutorial's normalisation constants, kept for faithfulness. LRN has
+  # no bfloat16 kernel on CPU: compute that case in float32.
+  y = tf.nn.local_response_normalization(
+      tf.cast(x, tf.float32) if x.dtype == tf.bfloat16 else x,
+      depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name=name)
+  return tf.cast(y, x.dtype)
 
 
 def small_cnn(images, is_training, num_classes=10):
