@@ -132,6 +132,21 @@ class TrainCliTest(tf.test.TestCase):
     self.assertOneLineError(result, "--train_dir", "not writable")
 
 
+  def testRelativeTrainDirResolvesAgainstBuildWorkingDirectory(self):
+    user_dir = os.path.join(self.get_temp_dir(), "user")
+    os.makedirs(user_dir)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path),
+               BUILD_WORKING_DIRECTORY=user_dir)
+    result = subprocess.run(
+        _binary("train") + ["--train_dir=runs/a", "--max_steps=1",
+                            "--batch_size=2", "--num_towers=1"],
+        capture_output=True, text=True, env=env, timeout=300, check=False)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertTrue(os.path.exists(
+        os.path.join(user_dir, "runs", "a", "run_summary.json")))
+
+
 class EvalCliTest(tf.test.TestCase):
 
   def testMissingCheckpoint(self):

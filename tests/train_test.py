@@ -129,6 +129,22 @@ class TrainTest(tf.test.TestCase):
     self.assertEqual(summary["skipped_steps"], 3)
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
 
+  def testSummariesEveryStepSurviveSkips(self):
+    train_dir = self._train_dir("summaries")
+    summary = train_lib.train(_params(
+        train_dir, max_steps=3, save_summaries_steps=1,
+        inject_nonfinite="nan@1:0"))
+    self.assertEqual(summary["skipped_steps"], 1)
+    tags = set()
+    for path in tf1.gfile.Glob(os.path.join(train_dir, "events.*")):
+      for event in tf1.train.summary_iterator(path):
+        tags.update(v.tag for v in event.summary.value)
+    for tag in ("loss", "learning_rate", "skips/applied_steps",
+                "skips/skipped_steps", "skips/consecutive_skips",
+                "skips/nonfinite_steps_tower_0",
+                "skips/nonfinite_steps_tower_1"):
+      self.assertIn(tag, tags)
+
   def testEmaAndClippingTrainWithoutNaN(self):
     train_dir = self._train_dir("ema")
     summary = train_lib.train(_params(

@@ -49,7 +49,7 @@ def learning_rate(schedule, base_rate, step, total_steps):
   Raises:
     ValueError: for an unknown schedule.
   """
-  with tf1.name_scope("learning_rate"):
+  with tf1.name_scope("lr_schedule"):
     step = tf.cast(step, tf.float32)
     if schedule == "constant":
       return tf.constant(base_rate, dtype=tf.float32)

@@ -187,7 +187,7 @@ def _add_summaries(graph):
                        graph.nonfinite_steps_by_tower[i])
   for v in tf1.trainable_variables():
     # Weights cannot hold NaN: skipped steps never write them.
-    tf1.summary.histogram(v.op.name, v)
+    tf1.summary.histogram("weights/" + v.op.name, v)
 
 
 class TrainDirError(ValueError):
