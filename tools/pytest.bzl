@@ -1,6 +1,6 @@
 """`py_pytest`: a native py_test whose main runs pytest on one test file."""
 
-def py_pytest(name, src, deps = [], size = "small", **kwargs):
+def py_pytest(name, src, deps = [], size = "medium", **kwargs):
     """Declares a py_test that runs pytest on `src` and exits with its code.
 
     Args:
