@@ -3,18 +3,28 @@
 It wraps an optimizer and keeps its `compute_gradients` / `apply_gradients` /
 `minimize` signatures; a step whose gradients hold a NaN or an Inf changes no
 variable, slot, accumulator or moving statistic, and is counted instead.
-Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`.
+Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`, plus
+`train_op = opt.protect(train_op)` when the train op groups ops built after
+`apply_gradients` (an `ExponentialMovingAverage`).
 """
 
 import tensorflow as tf
+# Only to keep GUARD_RESULTS out of exported meta graphs (see below).
+from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
+from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import guard
+from tf1_safe_train import rollback
 
 tf1 = tf.compat.v1
 
 # Graph collection of the `guard.GuardResult` of every wrapped step, so hooks
 # can find the applied flag and the per-variable flags of legacy train ops.
 GUARD_RESULTS = "tf1_safe_train_guard_results"
+# They are Python tuples, which a meta-graph export (every checkpoint of a
+# MonitoredTrainingSession) cannot serialize and warns about: export nothing.
+tf_ops.register_proto_function(
+    GUARD_RESULTS, to_proto=lambda result, export_scope=None: None)
 
 
 class SkipNonFiniteOptimizer(tf1.train.Optimizer):
@@ -28,14 +38,27 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
   `UPDATE_OPS` collection (batch-norm moving statistics), which run before the
   decision and are restored from a shadow copy when the step is skipped.
 
-  What is not: ops the caller builds outside `apply_gradients` and runs in the
-  same step (an EMA grouped into the train op, a hand-written assign). Put
-  them under `tf.control_dependencies` of `applied()` or in the trainer's
-  apply function.
+  Ops the caller builds after `apply_gradients` and runs in the same step (an
+  `ExponentialMovingAverage` grouped into the train op, a hand-written
+  assign) are outside the decision and would still write on a skipped step:
+  pass them, or the whole train op, through `protect`, which rolls back the
+  variables they wrote (EMA shadows) the same way. Legacy multi-tower code:
 
-  The `UPDATE_OPS` used are those in the graph when `apply_gradients` is
-  called (as `slim.learning.create_train_op` does); pass `update_ops` to pick
-  a subset, e.g. only the first tower's.
+      opt = SkipNonFiniteOptimizer(tf.compat.v1.train.MomentumOptimizer(...))
+      ...
+      with tf.control_dependencies(update_ops):  # first tower's UPDATE_OPS
+        apply_gradient_op = opt.apply_gradients(grads, global_step)
+      variables_averages_op = ema.apply(tf.compat.v1.trainable_variables())
+      train_op = opt.protect(tf.group(apply_gradient_op,
+                                      variables_averages_op))
+
+  Which `UPDATE_OPS` are rolled back (and run before the decision), unless
+  `update_ops` is given: if `apply_gradients` is called under
+  `tf.control_dependencies` that hold entries of the graph's `UPDATE_OPS`
+  (directly or through `tf.group` / `tf.identity`), exactly those entries,
+  so code that runs only the first tower's statistics keeps doing so;
+  otherwise every `UPDATE_OPS` entry in the graph at that time (as
+  `slim.learning.create_train_op` does), which then all run every step.
   """
 
   def __init__(self,
@@ -51,7 +74,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       increment_global_step_on_skip: if True (default), `global_step` advances
         on skipped steps too; if False, only on applied steps.
       update_ops: ops whose written variables are rolled back on a skip;
-        default: the graph's `UPDATE_OPS` at `apply_gradients` time.
+        default: the `UPDATE_OPS` entries among the caller's control
+        dependencies at `apply_gradients` time, or if there are none all of
+        the graph's `UPDATE_OPS` at that time (see the class docstring).
       name: name scope of the decision ops.
 
     Raises:
@@ -65,6 +90,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     self._increment_global_step_on_skip = increment_global_step_on_skip
     self._update_ops = update_ops
     self._last_result = None
+    # Variables the last step already handles (global_step, counters, rolled
+    # back update-op targets): `protect` leaves them alone.
+    self._step_variables = []
 
   @property
   def wrapped_optimizer(self):
@@ -87,7 +115,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     """
     update_ops = self._update_ops
     if update_ops is None:
-      update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+      update_ops = self._default_update_ops()
     grads_and_vars = tuple(grads_and_vars)
     var_list = [v for g, v in grads_and_vars if g is not None]
     if var_list:
@@ -111,7 +139,92 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._last_result = result
+    self._step_variables = (
+        rollback.written_variables(update_ops) +
+        list(counters_lib.skip_counters()) +
+        ([global_step] if global_step is not None else []))
     return result.train_op
+
+  def _default_update_ops(self):
+    """The `UPDATE_OPS` entries the caller's step depends on, else all."""
+    everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    if not everything:
+      return []
+    # A NoOp built here carries the caller's `control_dependencies` as its
+    # control inputs: the public way to read them. (Not in a name scope of
+    # its own, which would rename the decision's to "SkipNonFinite_1".)
+    probe = tf.no_op(name=self._name + "_control_dependencies")
+    entries = {rollback.as_op(u): u for u in everything}
+    found, seen, stack = set(), set(), list(probe.control_inputs)
+    while stack:
+      op = stack.pop()
+      if op in seen:
+        continue
+      seen.add(op)
+      if op in entries:
+        found.add(op)
+      elif op.type in ("NoOp", "Identity", "IdentityN"):
+        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    if not found:
+      return everything
+    return [u for u in everything if rollback.as_op(u) in found]
+
+  def protect(self, op, name="protect"):
+    """Returns `op`, made to change nothing on a skipped step.
+
+    `op` (or a list of ops) runs as before; once the last built step is
+    decided, every variable it wrote takes back its value from before the
+    step if the step was skipped (a shadow copy, taken on applied steps, as
+    for moving statistics: see `rollback`). So an `ExponentialMovingAverage`
+    built after `apply_gradients` and grouped into the train op leaves its
+    shadows bit-identical on a skipped step. `op` may be the whole train op:
+    the variables the step itself handles (`global_step`, the skip counters,
+    the rolled-back `UPDATE_OPS` targets, and everything the wrapped
+    optimizer updates inside the decision) are left to it.
+
+    The written variables are found as for `UPDATE_OPS` (assign and scatter
+    ops, followed through `tf.group`, `tf.identity` and reads, never into the
+    forward pass); each costs one shadow variable (saved in checkpoints) and
+    one copy per step.
+
+    Args:
+      op: an Operation or Tensor (or a list of them) built after
+        `apply_gradients`, e.g. `ema.apply(...)` or
+        `tf.group(apply_gradient_op, variables_averages_op)`.
+      name: name scope of the added ops.
+
+    Returns:
+      An Operation that runs `op` and then keeps or undoes what it wrote.
+
+    Raises:
+      ValueError: if `apply_gradients` has not been called, or `op` writes
+        something that is not a global or local variable.
+    """
+    result = self._result()
+    ops = [rollback.as_op(o) for o in tf.nest.flatten(op)]
+    handled = {v.op.name for v in self._step_variables}
+    protected = rollback.Rollback([
+        v for v in rollback.written_variables(ops)
+        if v.op.name not in handled])
+    with tf1.name_scope(name):
+      if not protected.variables:
+        return tf.group(*ops, name="unchanged")
+      # Decide only once `op` has written and the step has been decided.
+      with tf1.control_dependencies(ops):
+        applied = tf.identity(result.applied, name="applied")
+
+      def _keep():
+        with tf1.control_dependencies([protected.commit()]):
+          return tf.identity(tf.constant(True))
+
+      def _undo():
+        with tf1.control_dependencies([protected.restore()]):
+          return tf.identity(tf.constant(False))
+
+      # pylint: disable=protected-access
+      with guard._control_flow_for(protected.variables):
+        decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
+      return tf.group(*(ops + [decided]), name="protected")
 
   def applied(self):
     """The bool tensor of the last built step: True if it was applied."""

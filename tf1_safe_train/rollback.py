@@ -8,6 +8,8 @@ back, so after a skipped step the variable holds its last applied value again.
 """
 
 import tensorflow as tf
+# Only to keep the shadows' collection out of exported meta graphs (below).
+from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 tf1 = tf.compat.v1
 
@@ -23,6 +25,11 @@ _PASS_THROUGH_OP_TYPES = frozenset(["Identity", "IdentityN", "NoOp",
                                     "ReadVariableOp"])
 # Graph collection of (variable, shadow) pairs, so shadows are made once.
 _SHADOWS_COLLECTION = "tf1_safe_train_rollback_shadows"
+# A meta-graph export (every checkpoint of a MonitoredTrainingSession) cannot
+# serialize Python pairs and would warn about them: export nothing (the
+# shadows themselves are saved as the variables they are).
+tf_ops.register_proto_function(
+    _SHADOWS_COLLECTION, to_proto=lambda pair, export_scope=None: None)
 
 
 def as_op(op_or_tensor):
