@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from tf1_safe_train import guard
 from tf1_safe_train import loss_scale as loss_scale_lib
+from tf1_safe_train import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 
@@ -97,6 +98,55 @@ class DynamicLossScaleTest(tf.test.TestCase):
         loss_scale_lib.DynamicLossScale(initial_scale=0.5, floor=1.0)
       with self.assertRaisesRegex(ValueError, "growth_steps"):
         loss_scale_lib.DynamicLossScale(growth_steps=0)
+
+
+class WrapperLossScaleTest(tf.test.TestCase):
+  """`SkipNonFiniteOptimizer(opt, loss_scale=...)`, as legacy code uses it."""
+
+  def testDynamicLossScaleInTheWrapper(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float16, [2])
+      w = tf1.get_variable("w", initializer=tf.constant([1.0, 1.0]))
+      loss = tf.reduce_sum(tf.cast(w, tf.float16) * x)
+      scale = loss_scale_lib.DynamicLossScale(initial_scale=16.0,
+                                              growth_steps=2)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.AdamOptimizer(0.1), loss_scale=scale)
+      global_step = tf1.train.get_or_create_global_step()
+      train_op = opt.minimize(loss, global_step=global_step)
+      grads = opt.compute_gradients(loss, var_list=[w])
+      self.assertEqual(grads[0][0].dtype, tf.float32)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        # Unscaled gradients: the same as an unscaled float32 loss.
+        self.assertAllEqual(sess.run(grads[0][0], {x: [3.0, -2.0]}),
+                            [3.0, -2.0])
+        sess.run(train_op, {x: [1.0, 1.0]})
+        before = sess.run(tf1.global_variables())
+        # 5000 * 16 = 80000 overflows float16: skipped, scale halves.
+        sess.run(train_op, {x: [5000.0, 1.0]})
+        after = sess.run(tf1.global_variables())
+        names = [v.op.name for v in tf1.global_variables()]
+        moved = [n for n, b, a in zip(names, before, after)
+                 if not np.array_equal(b, a)]
+        self.assertCountEqual(moved, [
+            "global_step", "skipped_steps", "consecutive_skips",
+            "loss_scale/scale", "loss_scale/good_steps"])
+        self.assertEqual(sess.run(scale.variables.scale), 8.0)
+        # At scale 8 it fits; two applied steps in a row double the scale.
+        sess.run(train_op, {x: [5000.0, 1.0]})
+        sess.run(train_op, {x: [5000.0, 1.0]})
+        self.assertEqual(sess.run(scale.variables.scale), 16.0)
+        self.assertTrue(np.isfinite(sess.run(w)).all())
+
+  def testStringDynamic(self):
+    with tf.Graph().as_default():
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1), loss_scale="dynamic")
+      self.assertIsInstance(opt.loss_scale, loss_scale_lib.DynamicLossScale)
+      with self.assertRaisesRegex(ValueError, "loss_scale"):
+        optimizer_lib.SkipNonFiniteOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1), loss_scale="static")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import guard
+from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import rollback
 
 tf1 = tf.compat.v1
@@ -66,6 +67,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
                *,
                increment_global_step_on_skip=True,
                update_ops=None,
+               loss_scale=None,
                name="SkipNonFinite"):
     """Creates the wrapper.
 
@@ -77,10 +79,17 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         default: the `UPDATE_OPS` entries among the caller's control
         dependencies at `apply_gradients` time, or if there are none all of
         the graph's `UPDATE_OPS` at that time (see the class docstring).
+      loss_scale: None; "dynamic" for a `loss_scale.DynamicLossScale` with
+        its defaults (initial scale 2**15, doubled after 2000 applied steps
+        in a row, halved by every skip); or a `DynamicLossScale`. With a loss
+        scale, `compute_gradients` differentiates the scaled loss and returns
+        float32 gradients divided by the scale, and the scale's update shares
+        this wrapper's apply/skip decision.
       name: name scope of the decision ops.
 
     Raises:
       TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`.
+      ValueError: for an unknown `loss_scale`.
     """
     if not isinstance(optimizer, tf1.train.Optimizer):
       raise TypeError("SkipNonFiniteOptimizer wraps a tf.compat.v1.train."
@@ -89,6 +98,13 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     self._optimizer = optimizer
     self._increment_global_step_on_skip = increment_global_step_on_skip
     self._update_ops = update_ops
+    if loss_scale == "dynamic":
+      loss_scale = loss_scale_lib.DynamicLossScale()
+    elif not (loss_scale is None or
+              isinstance(loss_scale, loss_scale_lib.DynamicLossScale)):
+      raise ValueError("loss_scale must be None, 'dynamic' or a "
+                       "DynamicLossScale, got %r" % (loss_scale,))
+    self._loss_scale = loss_scale
     self._last_result = None
     # Variables the last step already handles (global_step, counters, rolled
     # back update-op targets): `protect` leaves them alone.
@@ -98,9 +114,19 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
   def wrapped_optimizer(self):
     return self._optimizer
 
-  def compute_gradients(self, *args, **kwargs):
-    """Same as the wrapped optimizer's `compute_gradients`."""
-    return self._optimizer.compute_gradients(*args, **kwargs)
+  @property
+  def loss_scale(self):
+    """The `loss_scale.DynamicLossScale`, or None."""
+    return self._loss_scale
+
+  def compute_gradients(self, loss, *args, **kwargs):
+    """The wrapped optimizer's `compute_gradients`, loss-scaled if enabled."""
+    if self._loss_scale is None:
+      return self._optimizer.compute_gradients(loss, *args, **kwargs)
+    scale = self._loss_scale.scale()
+    scaled = loss * tf.cast(scale, loss.dtype)
+    grads_and_vars = self._optimizer.compute_gradients(scaled, *args, **kwargs)
+    return self._loss_scale.unscale(grads_and_vars, scale)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies the gradients if all are finite; otherwise skips the step.
@@ -136,12 +162,14 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         global_step=global_step,
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
+        branch_ops=[self._loss_scale] if self._loss_scale else [],
         name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._last_result = result
     self._step_variables = (
         rollback.written_variables(update_ops) +
         list(counters_lib.skip_counters()) +
+        (list(self._loss_scale.variables) if self._loss_scale else []) +
         ([global_step] if global_step is not None else []))
     return result.train_op
 
