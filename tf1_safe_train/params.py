@@ -52,6 +52,9 @@ class TrainParams(object):
   inject_nonfinite: str = ""
   inject_into: str = "grads"
   seed: int = 0
+  # In a cluster (see cluster.py); both are ignored on one machine.
+  sync_replicas: bool = False
+  startup_timeout_secs: float = 600.0
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
@@ -101,6 +104,17 @@ class TrainParams(object):
     _check(self.inject_into in INJECT_INTO, "--inject_into=%r: must be one of %s",
            self.inject_into, ", ".join(INJECT_INTO))
     _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
+    _check(isinstance(self.sync_replicas, bool),
+           "--sync_replicas=%r: must be a boolean", self.sync_replicas)
+    # The sync token that releases the replicas carries global_step; a skip
+    # that did not advance it would leave every replica's gradients stale.
+    _check(not self.sync_replicas or self.increment_global_step_on_skip,
+           "--sync_replicas needs --increment_global_step_on_skip (the "
+           "replicas' sync tokens carry global_step)")
+    _check(isinstance(self.startup_timeout_secs, (int, float)) and
+           not isinstance(self.startup_timeout_secs, bool) and
+           self.startup_timeout_secs > 0,
+           "--startup_timeout_secs=%r: must be > 0", self.startup_timeout_secs)
     return self
 
   def replace(self, **changes):

@@ -2,15 +2,21 @@ r"""`//:train`: the multi-tower trainer. Flags live here and only here.
 
   ./bazelw run //:train -- --num_towers=2 --max_steps=600 \
       --inject_nonfinite=nan@100:1,inf@300:0 --train_dir=/tmp/run1
+
+In a cluster (TF_CONFIG, or --ps_hosts/--worker_hosts/--job_name/
+--task_index) the same binary runs one task: a ps serves until every worker
+has finished; a worker trains (worker 0 is the chief).
 """
 
 import os
+import signal
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
+from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import params as params_lib
 
 _DEFAULTS = params_lib.TrainParams()
@@ -66,13 +72,30 @@ flags.DEFINE_integer("save_summaries_steps", _DEFAULTS.save_summaries_steps,
 flags.DEFINE_integer("log_every_n_steps", _DEFAULTS.log_every_n_steps,
                      "Progress line every this many steps.")
 flags.DEFINE_string("inject_nonfinite", "",
-                    "Fault drill: comma-separated KIND@STEPS[:TOWER] or "
-                    "KIND%PROB[:TOWER] (KIND nan|inf|-inf; STEPS N, N-M or "
-                    "N-), e.g. nan@100:1,inf%0.01.")
+                    "Fault drill: comma-separated KIND@STEPS[:TOWER][/WORKER] "
+                    "or KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf; STEPS "
+                    "N, N-M or N-; TOWER and WORKER default to 0), e.g. "
+                    "nan@100:1,inf%0.01,nan@10-20:0/1.")
 flags.DEFINE_enum("inject_into", _DEFAULTS.inject_into, params_lib.INJECT_INTO,
                   "What the drill poisons: a tower's grads, loss or input "
                   "images.")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Graph-level random seed.")
+flags.DEFINE_string("ps_hosts", "",
+                    "Cluster: comma-separated host:port of the parameter "
+                    "servers (or use TF_CONFIG, not both).")
+flags.DEFINE_string("worker_hosts", "",
+                    "Cluster: comma-separated host:port of the workers; "
+                    "worker 0 is the chief.")
+flags.DEFINE_string("job_name", "", "Cluster: this task's job, ps or worker.")
+flags.DEFINE_integer("task_index", 0, "Cluster: this task's index in its job.")
+flags.DEFINE_boolean("sync_replicas", _DEFAULTS.sync_replicas,
+                     "Cluster: aggregate every worker's gradients and decide "
+                     "apply/skip on the aggregate (one poisoned replica skips "
+                     "the step for all); false: each worker's step is applied "
+                     "or skipped on its own.")
+flags.DEFINE_float("startup_timeout_secs", _DEFAULTS.startup_timeout_secs,
+                   "Cluster: how long a worker waits for the parameter "
+                   "servers (and for the chief to initialise the model).")
 
 FLAGS = flags.FLAGS
 _PROGRAM = "train"
@@ -125,12 +148,28 @@ def make_params(f, visible_gpus):
       log_every_n_steps=f.log_every_n_steps,
       inject_nonfinite=f.inject_nonfinite,
       inject_into=f.inject_into,
-      seed=f.seed).validate()
+      seed=f.seed,
+      sync_replicas=f.sync_replicas,
+      startup_timeout_secs=f.startup_timeout_secs).validate()
+
+
+def make_cluster(f, environ):
+  """The cluster from TF_CONFIG or the cluster flags, or None (one machine).
+
+  Raises:
+    cluster.ClusterSpecError: for a bad spec, or both sources given.
+  """
+  return cluster_lib.resolve(environ.get(cluster_lib.TF_CONFIG), f.ps_hosts,
+                             f.worker_hosts, f.job_name, f.task_index)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(_PROGRAM, "unexpected arguments: %s" % " ".join(argv[1:]))
+  try:  # Before TensorFlow's import: a bad cluster spec fails at once.
+    cluster = make_cluster(FLAGS, os.environ)
+  except cluster_lib.ClusterSpecError as e:
+    cli.fail(_PROGRAM, e)
   logging.set_verbosity(logging.INFO)
   tf = cli.import_tensorflow()
   # pylint: disable=g-import-not-at-top
@@ -140,14 +179,26 @@ def main(argv):
   # pylint: enable=g-import-not-at-top
   try:
     params = make_params(FLAGS, len(tf.config.list_physical_devices("GPU")))
-    summary = train_lib.train(params)
+    # Every task checks the drill, so a bad WORKER fails the ps tasks too.
+    injection.validate(injection.parse_spec(params.inject_nonfinite),
+                       params.num_towers,
+                       cluster.num_workers if cluster else 1)
+    if cluster is not None and cluster.job_name == cluster_lib.PS:
+      # A ps blocks in TensorFlow; Ctrl-C must end it at once.
+      signal.signal(signal.SIGINT, signal.SIG_DFL)
+      train_lib.serve_parameter_server(cluster, params)
+      return
+    summary = train_lib.train(params, cluster=cluster)
   except (params_lib.ParamsError, cifar10.DataError,
           injection.InjectionSpecError, train_lib.TrainDirError) as e:
     cli.fail(_PROGRAM, e)
+  except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
+    cli.fail(_PROGRAM, e, 1)
   except tf.errors.OpError as e:
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
-  logging.info("run summary: %s", os.path.join(params.train_dir,
-                                               train_lib.RUN_SUMMARY))
+  if cluster is None or cluster.is_chief:
+    logging.info("run summary: %s", os.path.join(params.train_dir,
+                                                 train_lib.RUN_SUMMARY))
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
              "%d (--max_consecutive_skips=%d); the last checkpoint in %s "

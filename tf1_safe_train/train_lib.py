@@ -3,10 +3,14 @@
 `build_train_graph(params, tower_config)` builds the classic TF1 multi-device
 step (towers -> averaged gradients -> one reduced non-finite check -> `tf.cond`
 apply/skip); `train(params)` runs it under `MonitoredTrainingSession` and
-writes `<train_dir>/run_summary.json`.
+writes `<train_dir>/run_summary.json`. `train(params, cluster=...)` runs one
+worker of a between-graph replicated cluster (variables on the parameter
+servers; asynchronous, or synchronous with `SyncReplicasOptimizer` deciding on
+the aggregate) and `serve_parameter_server` one ps task.
 """
 
 import collections
+import contextlib
 import json
 import os
 import time
@@ -14,6 +18,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import data
 from tf1_safe_train import guard
@@ -21,6 +26,7 @@ from tf1_safe_train import hooks as hooks_lib
 from tf1_safe_train import injection
 from tf1_safe_train import models
 from tf1_safe_train import optimization
+from tf1_safe_train import rollback
 from tf1_safe_train import towers
 
 tf1 = tf.compat.v1
@@ -30,9 +36,17 @@ RUN_SUMMARY = "run_summary.json"
 TrainGraph = collections.namedtuple("TrainGraph", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "tower_flags", "average_flags", "variable_names", "tower_devices",
-    "global_step", "nonfinite_steps_by_tower", "max_consecutive_skips_seen"
-])
-TrainGraph.__doc__ = """Tensors of one training step (reads ordered after it)."""
+    "global_step", "nonfinite_steps_by_tower", "max_consecutive_skips_seen",
+    "sync_optimizer", "variables"
+], defaults=(None, None))
+TrainGraph.__doc__ = """Tensors of one training step (reads ordered after it).
+
+With `--sync_replicas` in a cluster, `applied`, `average_flags` and
+`tower_flags` are this worker's own view (True = its gradients were all
+finite); the decision on the aggregate is taken by the chief's
+`sync_optimizer` queue runner and shows in the counters. `variables` holds
+the counter and statistics variables themselves (unordered reads).
+"""
 
 
 def _weight_decay_loss(rate):
@@ -77,25 +91,135 @@ def _tower_step(params, tower_index, iterator, model_fn, optimizer, rules,
   return loss, grads_and_vars, flags
 
 
-def build_train_graph(params, tower_config, worker_index=0):
+class _AggregateGuard(tf1.train.Optimizer):
+  """What `SyncReplicasOptimizer` applies the aggregated gradients with.
+
+  The chief's queue runner calls `apply_gradients` with the average of every
+  replica's gradients (and statistics deltas): one guarded decision
+  (`guard.guarded_apply`), so a NaN in any replica's contribution skips the
+  update for everybody. Nothing of a forward pass runs in it.
+  """
+
+  def __init__(self, apply_fn, name="aggregate_guard"):
+    super(_AggregateGuard, self).__init__(use_locking=False, name=name)
+    self._apply_fn = apply_fn
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    del name  # The guard names its ops.
+    return guard.guarded_apply(
+        grads_and_vars, self._apply_fn, global_step=global_step,
+        increment_global_step_on_skip=True, update_ops=[],
+        name="guarded_step").train_op
+
+
+# Update-op writes `var += sign * value` that a cluster turns into deltas.
+_ADD_SUB_SIGNS = {"AssignSubVariableOp": 1, "AssignSub": 1,
+                  "AssignAddVariableOp": -1, "AssignAdd": -1}
+_PASS_THROUGH_OP_TYPES = frozenset(["Identity", "IdentityN", "NoOp",
+                                    "ReadVariableOp"])
+
+
+def statistics_deltas(update_ops):
+  """The writes of `update_ops` as (delta, variable) pairs: `var -= delta`.
+
+  In a cluster the moving statistics are not written by the forward pass
+  and rolled back on a skip: the rollback shadows on a ps are shared by the
+  workers, so one worker's commit can save another's NaN into them (seen
+  with resnet20 and a poisoned input). Instead each delta travels with the
+  gradients and is applied inside the decision's apply branch (averaged over
+  the replicas with --sync_replicas).
+
+  Args:
+    update_ops: ops of `UPDATE_OPS` (followed through identities and
+      groups).
+
+  Returns:
+    A list of (delta tensor, variable), one per written variable.
+
+  Raises:
+    ValueError: for an update op that is not an assign_add/assign_sub of a
+      graph variable (moving averages are).
+  """
+  if not update_ops:
+    return []
+  ops = [u if isinstance(u, tf1.Operation) else u.op for u in update_ops]
+  graph = ops[0].graph
+  variables = {v.op: v for v in (
+      graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
+      graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES))}
+  deltas, order, seen, stack = {}, [], set(), list(reversed(ops))
+  while stack:
+    op = stack.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    if op.type in _ADD_SUB_SIGNS:
+      target = op.inputs[0].op
+      while target not in variables and target.type == "Identity":
+        target = target.inputs[0].op
+      if target not in variables:
+        raise ValueError("update op %s writes %s, which is not a graph "
+                         "variable" % (op.name, target.name))
+      value = op.inputs[1]
+      if _ADD_SUB_SIGNS[op.type] < 0:
+        value = tf.negative(value)
+      if target not in deltas:
+        order.append(target)
+      deltas.setdefault(target, []).append(value)
+    elif op.type in _PASS_THROUGH_OP_TYPES:
+      stack.extend(reversed([t.op for t in op.inputs] +
+                            list(op.control_inputs)))
+    elif op.type not in towers.VARIABLE_OP_TYPES:
+      raise ValueError(
+          "update op %s (%s): in a cluster, update ops are applied with the "
+          "step's decision, which supports assign_add/assign_sub (moving "
+          "averages) only" % (op.name, op.type))
+  return [(tf.add_n(deltas[t]) if len(deltas[t]) > 1 else deltas[t][0],
+           variables[t]) for t in order]
+
+
+def _ordered_after(grads_and_vars, op):
+  """The gradients, made to wait for `op` (a read that must come first)."""
+  ordered = []
+  with tf1.control_dependencies([op]):
+    for g, v in grads_and_vars:
+      if isinstance(g, tf.IndexedSlices):
+        g = tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+      elif g is not None:
+        g = tf.identity(g)
+      ordered.append((g, v))
+  return ordered
+
+
+def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
   """Builds the training step in the default graph.
 
   Args:
     params: validated `params.TrainParams`.
     tower_config: `towers.TowerConfig`.
-    worker_index: this worker's index (fault injection selects workers).
+    worker_index: this worker's index (fault injection selects workers; the
+      input pipeline's shuffle seed is `params.seed + worker_index`).
+    num_workers: None on one machine; in a cluster, its number of workers.
+      Then the moving statistics are applied with the decision (see
+      `statistics_deltas`) and, with `params.sync_replicas`, the gradients
+      of `num_workers` replicas are aggregated by `SyncReplicasOptimizer`
+      and the chief decides on the aggregate.
 
   Returns:
     A `TrainGraph`.
   """
   rules = injection.parse_spec(params.inject_nonfinite)
-  injection.validate(rules, tower_config.num_towers)
+  injection.validate(rules, tower_config.num_towers, num_workers or 1)
   model_fn = models.get_model(params.model)
   num_towers = tower_config.num_towers
+  in_cluster = num_workers is not None
+  sync = in_cluster and params.sync_replicas
 
   with tf1.device(tower_config.variables_device()):
     global_step = tf1.train.get_or_create_global_step()
     counters = counters_lib.skip_counters()
+    # Shared by the workers of a cluster: tower i counts for tower i of
+    # every worker (the skip reports name the worker).
     nonfinite_by_tower = tf1.Variable(
         tf.zeros([num_towers], tf.int64), trainable=False,
         name="nonfinite_steps_by_tower")
@@ -112,8 +236,11 @@ def build_train_graph(params, tower_config, worker_index=0):
     optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
 
   with tf.device("/device:CPU:0"), tf1.name_scope("input"):
+    # Each worker of a cluster shuffles its own way (worker 0 as on one
+    # machine).
     dataset = data.get_dataset(params.dataset, "train", params.batch_size,
-                               data_dir=params.data_dir, seed=params.seed)
+                               data_dir=params.data_dir,
+                               seed=params.seed + worker_index)
     iterator = tf1.data.make_one_shot_iterator(dataset)
 
   tower_outputs = towers.build_towers(
@@ -126,12 +253,32 @@ def build_train_graph(params, tower_config, worker_index=0):
   # Like model_deploy: batch-norm statistics come from the first tower.
   update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS,
                                   tower_config.tower_scope(0))
+  statistics = []
+  if in_cluster:
+    with tf1.device(tower_config.variables_device()):
+      statistics = statistics_deltas(update_ops)
+    update_ops = []
+    if statistics:
+      # The deltas are tower 0's: its row of the flags covers them too.
+      stat_flags = guard.nonfinite_flags([d for d, _ in statistics])
+      no_flags = tf.zeros_like(stat_flags)
+      tower_flags = tf.concat([tower_flags, tf.stack(
+          [stat_flags] + [no_flags] * (num_towers - 1))], axis=1)
+  statistic_ids = set(id(v) for _, v in statistics)
 
   def apply_fn(checked_grads_and_vars):
+    model_pairs = [(g, v) for g, v in checked_grads_and_vars
+                   if id(v) not in statistic_ids]
     if params.clip_gradient_norm:
-      checked_grads_and_vars, _ = optimization.clip_by_global_norm(
-          checked_grads_and_vars, params.clip_gradient_norm)
-    update = optimizer.apply_gradients(checked_grads_and_vars)
+      model_pairs, _ = optimization.clip_by_global_norm(
+          model_pairs, params.clip_gradient_norm)
+    update = optimizer.apply_gradients(model_pairs)
+    if statistics:
+      writes = [v.assign_sub(d, read_value=False)
+                for d, v in checked_grads_and_vars if id(v) in statistic_ids]
+      with tf1.control_dependencies([update] + writes):
+        # Shadows as on one machine, so checkpoints stay interchangeable.
+        update = rollback.Rollback([v for _, v in statistics]).commit()
     if not params.moving_average_decay:
       return update
     ema = tf1.train.ExponentialMovingAverage(
@@ -139,23 +286,49 @@ def build_train_graph(params, tower_config, worker_index=0):
     with tf1.control_dependencies([update]):
       return ema.apply(tf1.trainable_variables())
 
+  sync_optimizer = None
   with tf1.device(tower_config.variables_device()):
     tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
-    with tf1.control_dependencies([step_index]):
-      result = guard.guarded_apply(
-          grads_and_vars, apply_fn, global_step=global_step,
-          increment_global_step_on_skip=params.increment_global_step_on_skip,
-          update_ops=update_ops,
-          extra_nonfinite=tf.unstack(tower_nonfinite),
-          name="guarded_step")
-    with tf1.control_dependencies([result.train_op]):
+    pairs = list(grads_and_vars) + statistics
+    if sync:
+      # The chief's queue runner decides on the aggregate (_AggregateGuard);
+      # this worker only pushes its gradients and waits for the sync token,
+      # which comes after the decision, applied or skipped: nobody waits
+      # for ever because of a skip.
+      sync_optimizer = tf1.train.SyncReplicasOptimizer(
+          _AggregateGuard(apply_fn), replicas_to_aggregate=num_workers,
+          total_num_replicas=num_workers)
+      average_flags = guard.nonfinite_flags(
+          [g for g, _ in pairs if g is not None])
+      step_op = sync_optimizer.apply_gradients(
+          _ordered_after(pairs, step_index), global_step=global_step)
+      # _SyncReplicasHook runs it; a graph built only to be inspected not.
+      sync_optimizer.ready_for_local_init_op.mark_used()
+      # This replica's view only: the reports never fetch the chief's
+      # decision (that would run the aggregate's apply again).
+      applied = tf.logical_not(tf.logical_or(tf.reduce_any(tower_nonfinite),
+                                             tf.reduce_any(average_flags)),
+                               name="replica_finite")
+      variable_names = [v.op.name for g, v in pairs if g is not None]
+    else:
+      with tf1.control_dependencies([step_index]):
+        result = guard.guarded_apply(
+            pairs, apply_fn, global_step=global_step,
+            increment_global_step_on_skip=params.increment_global_step_on_skip,
+            update_ops=update_ops,
+            extra_nonfinite=tf.unstack(tower_nonfinite),
+            name="guarded_step")
+      step_op, applied = result.train_op, result.applied
+      average_flags = result.nonfinite_flags
+      variable_names = result.variable_names
+    with tf1.control_dependencies([step_op]):
       stats = [
           tf1.assign_add(nonfinite_by_tower,
                          tf.cast(tower_nonfinite, tf.int64)),
           tf1.assign(max_seen, tf.maximum(
-              max_seen.read_value(), result.counters.consecutive_skips)),
+              max_seen.read_value(), counters.consecutive_skips.read_value())),
       ]
-    train_op = tf.group(result.train_op, *stats, name="train_op")
+    train_op = tf.group(step_op, *stats, name="train_op")
     after = counters_lib.read_after(counters, train_op)
     with tf1.control_dependencies([train_op]):
       global_step_after = tf.identity(global_step.read_value())
@@ -165,13 +338,17 @@ def build_train_graph(params, tower_config, worker_index=0):
 
   graph = TrainGraph(
       train_op=train_op, step_index=step_index, loss=loss,
-      learning_rate=learning_rate, applied=result.applied, counters=after,
-      tower_flags=tower_flags, average_flags=result.nonfinite_flags,
-      variable_names=result.variable_names,
+      learning_rate=learning_rate, applied=applied, counters=after,
+      tower_flags=tower_flags, average_flags=average_flags,
+      variable_names=variable_names,
       tower_devices=[tower_config.tower_device(i) for i in range(num_towers)],
       global_step=global_step_after,
       nonfinite_steps_by_tower=nonfinite_after,
-      max_consecutive_skips_seen=max_seen_after)
+      max_consecutive_skips_seen=max_seen_after,
+      sync_optimizer=sync_optimizer,
+      variables={"global_step": global_step, "counters": counters,
+                 "nonfinite_steps_by_tower": nonfinite_by_tower,
+                 "max_consecutive_skips_seen": max_seen})
   _add_summaries(graph)
   return graph
 
@@ -217,31 +394,329 @@ def write_run_summary(train_dir, summary):
   return path
 
 
+# --- Between-graph replication: servers, sessions, the end of a run. ---
+
+# How often a non-chief worker checks whether the chief has initialised the
+# variables; TF's session creators poll every 30 s, which would dominate the
+# start-up of a cluster.
+_RECOVERY_WAIT_SECS = 1
+# How long a closing session waits for its queue-runner threads. With
+# --sync_replicas the chief's thread may wait in the gradient accumulators for
+# replicas that have already stopped (TF's default would add 120 s).
+_STOP_GRACE_SECS = 2
+# How long the chief waits at the end for the other workers to stop, so that
+# its final checkpoint and run summary come after their last steps.
+_END_WAIT_SECS = 60
+# Shared queues (on the ps) of the end-of-run protocol: worker indices.
+_STOPPED_QUEUE = "tf1_safe_train_stopped_workers"
+_DONE_QUEUE = "tf1_safe_train_done_workers_ps%d"
+
+
+def worker_device(cluster):
+  """This worker's device prefix, e.g. '/job:worker/task:1'."""
+  return "/job:worker/task:%d" % cluster.task_index
+
+
+def cluster_tower_config(params, cluster):
+  """Towers on this worker's devices, variables on the ps (round robin)."""
+  setter = tf1.train.replica_device_setter(
+      worker_device=worker_device(cluster), cluster=cluster.cluster_spec())
+  return towers.TowerConfig(params.num_towers, params.device,
+                            variables_device=setter)
+
+
+def cluster_session_config(tower_config, cluster):
+  """Session config of a worker: sees the ps tasks and itself only."""
+  proto = towers.session_config(tower_config)
+  proto.device_filters.extend(["/job:ps", worker_device(cluster)])
+  return proto
+
+
+def start_server(cluster, params):
+  """Starts this task's gRPC server; a CPU worker gets one device per tower.
+
+  Raises:
+    cluster.ClusterError: if the server cannot start (e.g. port in use).
+  """
+  config = tf1.ConfigProto()
+  if cluster.job_name == cluster_lib.WORKER and params.device == "cpu":
+    config.device_count["CPU"] = params.num_towers
+  try:
+    return tf1.train.Server(cluster.cluster_spec(), job_name=cluster.job_name,
+                            task_index=cluster.task_index, config=config)
+  except tf.errors.OpError as e:
+    raise cluster_lib.ClusterError(
+        "cannot start the gRPC server of %s at %s (is the port in use?): %s" %
+        (cluster.task_name, cluster.address, e.message)) from None
+
+
+def _done_queue(ps_index):
+  with tf1.device("/job:ps/task:%d" % ps_index):
+    return tf1.FIFOQueue(-1, [tf.int32], shapes=[[]],
+                         shared_name=_DONE_QUEUE % ps_index,
+                         name="done_workers_ps%d" % ps_index)
+
+
+def serve_parameter_server(cluster, params):
+  """Serves ps task `cluster.task_index` until every worker has finished.
+
+  Each worker, once its run is over, puts its index into a queue on every
+  ps; the ps returns when it has seen every worker index (a restarted worker
+  counts once), so no ps is left running after the run.
+
+  Args:
+    cluster: a `cluster.ClusterConfig` whose job is 'ps'.
+    params: `params.TrainParams`.
+  """
+  if cluster.job_name != cluster_lib.PS:
+    raise ValueError("serve_parameter_server runs a ps task, not %s" %
+                     cluster.task_name)
+  server = start_server(cluster, params)
+  logging.info("%s serving at %s until %d worker(s) finish", cluster.task_name,
+               cluster.address, cluster.num_workers)
+  with tf.Graph().as_default():
+    dequeue = _done_queue(cluster.task_index).dequeue()
+    config = tf1.ConfigProto(
+        device_filters=["/job:ps/task:%d" % cluster.task_index])
+    with tf1.Session(server.target, config=config) as session:
+      finished = set()
+      while len(finished) < cluster.num_workers:
+        finished.add(int(session.run(dequeue)))
+        logging.info("%s: workers finished: %s of %d", cluster.task_name,
+                     sorted(finished), cluster.num_workers)
+  logging.info("%s: every worker finished; exiting", cluster.task_name)
+
+
+EndOfRunOps = collections.namedtuple("EndOfRunOps", [
+    "close_tokens", "stopped_enqueue", "stopped_dequeue", "done_enqueue",
+    "final_reads"])
+
+
+def _end_of_run_ops(cluster, graph):
+  """Builds the ops of the end-of-run protocol (see `_EndOfRunHook`)."""
+  index = tf.constant(cluster.task_index, tf.int32)
+  with tf1.name_scope("end_of_run"):
+    with tf1.device("/job:ps/task:0"):
+      stopped = tf1.FIFOQueue(-1, [tf.int32], shapes=[[]],
+                              shared_name=_STOPPED_QUEUE,
+                              name="stopped_workers")
+    close_tokens = None
+    if graph.sync_optimizer is not None:
+      close_tokens = graph.sync_optimizer.get_chief_queue_runner().queue.close(
+          cancel_pending_enqueues=False)
+    variables = graph.variables
+    final_reads = {
+        "global_step": variables["global_step"].read_value(),
+        "counters": counters_lib.SkipCounters(
+            *[c.read_value() for c in variables["counters"]]),
+        "nonfinite_steps_by_tower":
+            variables["nonfinite_steps_by_tower"].read_value(),
+        "max_consecutive_skips_seen":
+            variables["max_consecutive_skips_seen"].read_value(),
+    }
+    return EndOfRunOps(
+        close_tokens=close_tokens,
+        stopped_enqueue=stopped.enqueue(index),
+        stopped_dequeue=stopped.dequeue(),
+        done_enqueue=tf.group(*[_done_queue(i).enqueue(index)
+                                for i in range(cluster.num_ps)]),
+        final_reads=final_reads)
+
+
+class _EndOfRunHook(tf1.train.SessionRunHook):
+  """Ends a worker's run without leaving anybody waiting.
+
+  When a worker stops because the run is over (max_steps or give-up, which
+  every worker sees in the shared variables; not on a signal, which may stop
+  one worker only), it closes the sync token queue, so no replica waits for
+  a token that will never come. A non-chief worker then reports that it
+  stopped; the chief waits (at most `wait_secs`) for those reports and reads
+  the final counters, so that its final checkpoint (saved by a later hook's
+  `end`) and run summary come after every worker's last step.
+  """
+
+  def __init__(self, cluster, ops, stopped_by_signal, wait_secs):
+    self._cluster = cluster
+    self._ops = ops
+    self._stopped_by_signal = stopped_by_signal
+    self._wait_secs = wait_secs
+    self.final = None
+
+  def end(self, session):
+    if self._ops.close_tokens is not None and not self._stopped_by_signal():
+      try:
+        session.run(self._ops.close_tokens)
+      except tf.errors.CancelledError:
+        pass  # Another worker closed it first.
+    if not self._cluster.is_chief:
+      session.run(self._ops.stopped_enqueue)
+      return
+    if not self._stopped_by_signal():
+      self._wait_for_workers(session)
+    self.final = session.run(self._ops.final_reads)
+
+  def _wait_for_workers(self, session):
+    waiting = set(range(1, self._cluster.num_workers))
+    deadline = time.monotonic() + self._wait_secs
+    while waiting:
+      remaining_ms = int((deadline - time.monotonic()) * 1000)
+      try:
+        if remaining_ms <= 0:
+          raise tf.errors.DeadlineExceededError(None, None, "")
+        waiting.discard(int(session.run(
+            self._ops.stopped_dequeue,
+            options=tf1.RunOptions(timeout_in_ms=remaining_ms))))
+      except tf.errors.DeadlineExceededError:
+        logging.warning("worker(s) %s did not stop within %ds; saving the "
+                        "final checkpoint without waiting for them",
+                        sorted(waiting), self._wait_secs)
+        return
+
+
+class _SyncReplicasHook(tf1.train.SessionRunHook):
+  """`SyncReplicasOptimizer.make_session_run_hook`, with a quiet ending.
+
+  Runs the optimizer's initialisation ops and, on the chief, the queue
+  runner that applies the aggregates. At the end that thread may still wait
+  in the gradient accumulators for replicas that have stopped; closing the
+  session cancels it, which TF's own queue runner reports as a crash
+  (a traceback after every clean run). Here a cancelled run ends the thread
+  like a closed queue does.
+  """
+
+  def __init__(self, sync_optimizer, is_chief):
+    self._optimizer = sync_optimizer
+    self._is_chief = is_chief
+    self._init_ops = []
+    self._queue_runner = None
+
+  def begin(self):
+    optimizer = self._optimizer
+    if not self._is_chief:
+      self._init_ops = [optimizer.local_step_init_op]
+      return
+    self._init_ops = [optimizer.chief_init_op, optimizer.get_init_tokens_op()]
+    runner = optimizer.get_chief_queue_runner()
+    self._queue_runner = tf1.train.QueueRunner(
+        runner.queue, runner.enqueue_ops,
+        queue_closed_exception_types=(tf.errors.OutOfRangeError,
+                                      tf.errors.CancelledError))
+
+  def after_create_session(self, session, coord):
+    # As TF's hook: the session creator has already waited for this.
+    not_ready = session.run(self._optimizer.ready_for_local_init_op)
+    if not_ready.size:
+      raise RuntimeError("variables not initialised for the sync replicas: "
+                         "%s" % ", ".join(v.decode() for v in not_ready))
+    for op in self._init_ops:
+      session.run(op)
+    if self._queue_runner is not None:
+      self._queue_runner.create_threads(session, coord=coord, daemon=True,
+                                        start=True)
+
+
+class _ClusterSessionCreator(tf1.train.SessionCreator):
+  """TF's Chief/WorkerSessionCreator, polling every _RECOVERY_WAIT_SECS.
+
+  The chief initialises the variables or restores the last checkpoint; a
+  non-chief worker waits (at most `max_wait_secs`) until the chief has.
+  """
+
+  def __init__(self, scaffold, master, config, is_chief, checkpoint_dir,
+               max_wait_secs):
+    self._scaffold = scaffold
+    self._master = master
+    self._config = config
+    self._is_chief = is_chief
+    self._checkpoint_dir = checkpoint_dir
+    self._max_wait_secs = max_wait_secs
+
+  def create_session(self):
+    scaffold = self._scaffold
+    scaffold.finalize()
+    manager = tf1.train.SessionManager(
+        local_init_op=scaffold.local_init_op,
+        ready_op=scaffold.ready_op,
+        ready_for_local_init_op=scaffold.ready_for_local_init_op,
+        graph=tf1.get_default_graph(),
+        recovery_wait_secs=_RECOVERY_WAIT_SECS,
+        local_init_feed_dict=scaffold.local_init_feed_dict)
+    if self._is_chief:
+      return manager.prepare_session(
+          self._master, saver=scaffold.saver,
+          checkpoint_dir=self._checkpoint_dir, config=self._config,
+          init_op=scaffold.init_op, init_feed_dict=scaffold.init_feed_dict,
+          init_fn=scaffold.init_fn)
+    return manager.wait_for_session(self._master, config=self._config,
+                                    max_wait_secs=self._max_wait_secs)
+
+
+def _report_done(server, ops, config, timeout_secs):
+  """Tells every ps that this worker has finished (serve_parameter_server)."""
+  try:
+    with tf1.Session(server.target, config=config) as session:
+      session.run(ops.done_enqueue, options=tf1.RunOptions(
+          timeout_in_ms=int(timeout_secs * 1000)))
+  except tf.errors.OpError as e:
+    logging.warning("could not tell the parameter servers that this worker "
+                    "finished (%s: %s)", type(e).__name__, e.message)
+
+
 def train(params, tower_config=None, master="", is_chief=True,
-          worker_index=0, extra_hooks=()):
+          worker_index=0, extra_hooks=(), cluster=None):
   """Trains as `params` says and returns the run summary (a dict).
 
   Args:
     params: validated `params.TrainParams`.
     tower_config: `towers.TowerConfig`; default: from params (variables on the
-      CPU).
-    master: session target ('' in-process; a grpc:// address for a cluster).
-    is_chief: whether this process saves checkpoints and summaries.
-    worker_index: this worker's index.
+      CPU). Ignored with `cluster` (variables go to the ps).
+    master: session target ('' in-process). Ignored with `cluster`.
+    is_chief: whether this process saves checkpoints and summaries. Ignored
+      with `cluster` (worker 0 is the chief).
+    worker_index: this worker's index. Ignored with `cluster`.
     extra_hooks: more `SessionRunHook`s.
+    cluster: a `cluster.ClusterConfig` whose job is 'worker', to train as
+      that worker of the cluster (this process starts its gRPC server).
 
   Returns:
     The dict also written to `run_summary.json` (by the chief).
+
+  Raises:
+    cluster.ClusterError: if this task's server cannot start, or
+      (`ClusterUnreachableError`) a ps does not answer within
+      `params.startup_timeout_secs`.
   """
   params.validate()
-  if tower_config is None:
+  num_workers, server, sync = 1, None, False
+  if cluster is not None:
+    if cluster.job_name != cluster_lib.WORKER:
+      raise ValueError("train() runs a worker; %s runs "
+                       "serve_parameter_server" % cluster.task_name)
+    is_chief, worker_index = cluster.is_chief, cluster.task_index
+    num_workers, sync = cluster.num_workers, params.sync_replicas
+    tower_config = cluster_tower_config(params, cluster)
+  elif tower_config is None:
     tower_config = towers.TowerConfig(params.num_towers, params.device)
   if is_chief:
     check_train_dir(params.train_dir)
+  if cluster is not None:
+    cluster_lib.wait_for_ps(cluster, params.startup_timeout_secs)
+    server = start_server(cluster, params)
+    master = server.target
+    logging.info("%s of %s at %s (%s)", cluster.task_name,
+                 cluster.cluster, cluster.address,
+                 "synchronous replicas" if sync else "asynchronous replicas")
   start = time.time()
   with tf.Graph().as_default():
     tf1.set_random_seed(params.seed)
-    graph = build_train_graph(params, tower_config, worker_index)
+    with (tf1.device(worker_device(cluster)) if cluster is not None
+          else contextlib.nullcontext()):
+      graph = build_train_graph(params, tower_config, worker_index,
+                                num_workers if cluster else None)
+      end_ops = _end_of_run_ops(cluster, graph) if cluster else None
+    if cluster is not None:
+      graph = graph._replace(tower_devices=[
+          worker_device(cluster) + d for d in graph.tower_devices])
     examples_per_step = params.batch_size * tower_config.num_towers
     progress = hooks_lib.ProgressHook(
         graph.step_index, graph.loss, graph.learning_rate, graph.counters,
@@ -260,22 +735,37 @@ def train(params, tower_config=None, master="", is_chief=True,
         "max_consecutive_skips_seen": graph.max_consecutive_skips_seen})
     run_hooks = [tf1.train.StopAtStepHook(last_step=params.max_steps),
                  progress, skip_report, give_up, on_signal, stats]
+    if graph.sync_optimizer is not None:
+      run_hooks.append(_SyncReplicasHook(graph.sync_optimizer, is_chief))
     run_hooks += list(extra_hooks)
     scaffold = tf1.train.Scaffold(saver=tf1.train.Saver(max_to_keep=5))
-    on_signal.install()
-    first_step_time = None
-    try:
-      with tf1.train.MonitoredTrainingSession(
+    end_hook = None
+    if cluster is None:
+      make_session = lambda: tf1.train.MonitoredTrainingSession(
           master=master, is_chief=is_chief, checkpoint_dir=params.train_dir,
           scaffold=scaffold, hooks=run_hooks,
           save_checkpoint_steps=params.save_checkpoints_steps,
           save_summaries_steps=params.save_summaries_steps,
           log_step_count_steps=None,
-          config=towers.session_config(tower_config)) as session:
+          config=towers.session_config(tower_config))
+    else:
+      session_config = cluster_session_config(tower_config, cluster)
+      end_hook = _EndOfRunHook(cluster, end_ops,
+                               lambda: on_signal.interrupted, _END_WAIT_SECS)
+      make_session = lambda: _cluster_session(
+          params, cluster, master, session_config, scaffold,
+          [end_hook] + run_hooks)
+    on_signal.install()
+    first_step_time = None
+    try:
+      with make_session() as session:
         while not session.should_stop():
           session.run(graph.train_op)
           if first_step_time is None:
             first_step_time = time.time()
+      if cluster is not None:
+        _report_done(server, end_ops, session_config,
+                     params.startup_timeout_secs)
     finally:
       on_signal.uninstall()
   end = time.time()
@@ -286,19 +776,44 @@ def train(params, tower_config=None, master="", is_chief=True,
   else:
     exit_reason = "max_steps"
   summary = _run_summary(params, stats, first_step_time, start, end,
-                         examples_per_step, exit_reason)
+                         examples_per_step, exit_reason,
+                         final=end_hook.final if end_hook else None)
+  if cluster is not None:
+    summary["cluster"] = {"num_ps": cluster.num_ps,
+                          "num_workers": cluster.num_workers,
+                          "task": cluster.task_name,
+                          "sync_replicas": sync}
   if is_chief:
     write_run_summary(params.train_dir, summary)
   return summary
 
 
+def _cluster_session(params, cluster, master, config, scaffold, hooks):
+  """The MonitoredSession of a worker; the chief also saves and summarises."""
+  if cluster.is_chief:
+    hooks = hooks[:1] + [
+        tf1.train.CheckpointSaverHook(
+            params.train_dir, save_steps=params.save_checkpoints_steps,
+            scaffold=scaffold),
+        tf1.train.SummarySaverHook(
+            save_steps=params.save_summaries_steps,
+            output_dir=params.train_dir, scaffold=scaffold),
+    ] + hooks[1:]
+  creator = _ClusterSessionCreator(
+      scaffold, master, config, cluster.is_chief, params.train_dir,
+      max_wait_secs=params.startup_timeout_secs)
+  return tf1.train.MonitoredSession(session_creator=creator, hooks=hooks,
+                                    stop_grace_period_secs=_STOP_GRACE_SECS)
+
+
 def _run_summary(params, stats, first_step_time, start, end, examples_per_step,
-                 exit_reason):
-  """The run_summary.json dict (see README)."""
+                 exit_reason, final=None):
+  """The run_summary.json dict (see README); `final` overrides the counters."""
   latest = stats.latest
   if latest is None:  # Nothing ran: the checkpoint was already at max_steps.
     return {"exit_reason": exit_reason, "global_step": None,
             "wall_seconds": round(end - start, 3), "params": params.to_dict()}
+  latest = dict(latest, **(final or {}))
   timed_steps = stats.steps_run - 1
   timed_seconds = end - first_step_time if first_step_time else 0.0
   counters = latest["counters"]

@@ -1,0 +1,394 @@
+"""Cluster specs (TF_CONFIG and flags), worker graphs' placement, CLI errors."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import injection
+from tf1_safe_train import params as params_lib
+from tf1_safe_train import train_lib
+
+tf1 = tf.compat.v1
+
+_CLUSTER = {"ps": ["10.0.0.1:2222"],
+            "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
+
+
+def _tf_config(cluster=None, task_type="worker", index=0):
+  return json.dumps({"cluster": _CLUSTER if cluster is None else cluster,
+                     "task": {"type": task_type, "index": index}})
+
+
+class TfConfigTest(tf.test.TestCase):
+
+  def testParsesWorkerAndChief(self):
+    config = cluster_lib.from_tf_config(_tf_config(index=1))
+    self.assertEqual(config.cluster, _CLUSTER)
+    self.assertEqual((config.job_name, config.task_index), ("worker", 1))
+    self.assertEqual((config.num_ps, config.num_workers), (1, 2))
+    self.assertFalse(config.is_chief)
+    self.assertEqual(config.address, "10.0.0.3:2222")
+    self.assertTrue(cluster_lib.from_tf_config(_tf_config()).is_chief)
+    self.assertFalse(cluster_lib.from_tf_config(_tf_config(
+        task_type="ps")).is_chief)
+
+  def testRoundTripAndOtherTask(self):
+    config = cluster_lib.from_tf_config(_tf_config(index=1))
+    self.assertEqual(cluster_lib.from_tf_config(config.to_tf_config()),
+                     config)
+    ps = config.for_task("ps", 0)
+    self.assertEqual((ps.job_name, ps.task_index, ps.cluster),
+                     ("ps", 0, _CLUSTER))
+
+  def testEmptyMeansOneMachine(self):
+    for value in (None, "", "  ", "{}"):
+      self.assertIsNone(cluster_lib.from_tf_config(value), value)
+
+  def testClusterSpecAndImmutability(self):
+    config = cluster_lib.from_tf_config(_tf_config())
+    self.assertEqual(config.cluster_spec().as_dict(), _CLUSTER)
+    with self.assertRaises(Exception):
+      config.task_index = 1  # pytype: disable=not-writable
+
+  def testRejectsBadSpecsInOneLine(self):
+    cases = [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        (json.dumps({"cluster": _CLUSTER}), "lacks 'task'"),
+        (json.dumps({"task": {"type": "worker", "index": 0}}),
+         "lacks 'cluster'"),
+        (_tf_config(task_type="evaluator"), "'evaluator' is unknown"),
+        (_tf_config(task_type="chief"), "list the chief as worker 0"),
+        (_tf_config(dict(_CLUSTER, chief=["h:1"])), "job 'chief'"),
+        (_tf_config(index=2), "out of range: there are 2 worker"),
+        (_tf_config(index=-1), "out of range"),
+        (_tf_config(index=True), "out of range"),
+        (_tf_config(index="1"), "out of range"),
+        (_tf_config({"ps": ["h:1"], "worker": []}), "no worker"),
+        (_tf_config({"worker": ["h:1"]}), "no ps task"),
+        (_tf_config({"ps": "h:1", "worker": ["h:2"]}), "must be a list"),
+        (_tf_config({"ps": ["h"], "worker": ["h:2"]}), "ps 0 'h' is not "
+         "host:port"),
+        (_tf_config({"ps": ["h:0"], "worker": ["h:2"]}), "1..65535"),
+        (_tf_config({"ps": ["h:99999"], "worker": ["h:2"]}), "1..65535"),
+        (_tf_config({"ps": ["h:x"], "worker": ["h:2"]}), "1..65535"),
+        (_tf_config({"ps": [":1"], "worker": ["h:2"]}), "not host:port"),
+        (_tf_config({"ps": ["h:1"], "worker": ["h:2", "h:1"]}),
+         "ps 0 and worker 1 have the same address h:1"),
+        (json.dumps({"cluster": _CLUSTER, "task": "worker"}), "'task'"),
+    ]
+    for value, expected in cases:
+      with self.subTest(value=value):
+        with self.assertRaises(cluster_lib.ClusterSpecError) as e:
+          cluster_lib.from_tf_config(value)
+        self.assertIn(expected, str(e.exception))
+        self.assertNotIn("\n", str(e.exception))
+
+  def testAcceptsHostNamesAndIpv6(self):
+    config = cluster_lib.from_tf_config(_tf_config(
+        {"ps": ["ps-0.example.com:2222"], "worker": ["[::1]:2223"]}))
+    self.assertEqual(cluster_lib.split_address(config.worker[0]),
+                     ("::1", 2223))
+
+
+class FlagsTest(tf.test.TestCase):
+
+  def testParsesFlags(self):
+    config = cluster_lib.from_flags("h0:1", "h1:1, h2:1", "worker", 1)
+    self.assertEqual(config.cluster, {"ps": ["h0:1"],
+                                      "worker": ["h1:1", "h2:1"]})
+    self.assertEqual(config.task_name, "worker 1")
+
+  def testNoFlagsMeansOneMachine(self):
+    self.assertIsNone(cluster_lib.from_flags())
+    self.assertIsNone(cluster_lib.resolve(None))
+
+  def testRejectsIncompleteFlags(self):
+    cases = [
+        (("h0:1", "", "worker", 0), "--worker_hosts is required"),
+        (("h0:1", "h1:1", "", 0), "--job_name is required"),
+        (("", "", "", 3), "--task_index=3 needs"),
+        (("", "h1:1", "worker", 0), "no ps task"),
+        (("h0:1", "h1:1,", "worker", 0), "stray comma"),
+        (("h0:1", "h1:1", "master", 0), "'master' is unknown"),
+        (("h0:1", "h1:1", "ps", 1), "out of range: there are 1 ps"),
+    ]
+    for args, expected in cases:
+      with self.subTest(args=args):
+        with self.assertRaises(cluster_lib.ClusterSpecError) as e:
+          cluster_lib.from_flags(*args)
+        self.assertIn(expected, str(e.exception))
+
+  def testTfConfigAndFlagsTogetherIsAnError(self):
+    self.assertEqual(
+        cluster_lib.resolve(_tf_config(), "", "", "", 0).task_name,
+        "worker 0")
+    with self.assertRaisesRegex(cluster_lib.ClusterSpecError,
+                                "given twice"):
+      cluster_lib.resolve(_tf_config(), "h0:1", "h1:1", "worker", 0)
+
+
+class WaitForPsTest(tf.test.TestCase):
+
+  def testReturnsWhenPsListens(self):
+    with socket.socket() as listener:
+      listener.bind(("127.0.0.1", 0))
+      listener.listen(1)
+      config = cluster_lib.from_flags(
+          "127.0.0.1:%d" % listener.getsockname()[1], "127.0.0.1:1",
+          "worker", 0)
+      cluster_lib.wait_for_ps(config, timeout_secs=5)
+
+  def testGivesUpAfterTheTimeout(self):
+    config = cluster_lib.from_flags("127.0.0.1:%d" % _closed_port(),
+                                    "127.0.0.1:1", "worker", 0)
+    start = time.monotonic()
+    with self.assertRaisesRegex(cluster_lib.ClusterUnreachableError,
+                                r"ps 0 at 127.0.0.1:\d+ is unreachable "
+                                r"after 1s"):
+      cluster_lib.wait_for_ps(config, timeout_secs=1, poll_secs=0.1)
+    self.assertLess(time.monotonic() - start, 10)
+
+
+def _closed_port():
+  """A port nothing listens on (bound, then released)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class ParamsTest(tf.test.TestCase):
+
+  def testSyncReplicasNeedsGlobalStepOnSkip(self):
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "--sync_replicas needs"):
+      params_lib.TrainParams(sync_replicas=True,
+                             increment_global_step_on_skip=False).validate()
+
+  def testStartupTimeoutMustBePositive(self):
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "--startup_timeout_secs=0"):
+      params_lib.TrainParams(startup_timeout_secs=0).validate()
+
+
+class WorkerGraphTest(tf.test.TestCase):
+  """The graph a worker builds: placement, and what the chief's apply runs."""
+
+  def _build(self, num_ps=1, num_workers=2, task_index=1, **overrides):
+    values = dict(model="resnet20", num_towers=2, device="cpu",
+                  batch_size=2, train_dir=self.get_temp_dir())
+    values.update(overrides)
+    params = params_lib.TrainParams(**values).validate()
+    config = cluster_lib.ClusterConfig(
+        ps=["127.0.0.1:%d" % (2000 + i) for i in range(num_ps)],
+        worker=["127.0.0.1:%d" % (3000 + i) for i in range(num_workers)],
+        job_name="worker", task_index=task_index)
+    with tf1.device(train_lib.worker_device(config)):
+      return train_lib.build_train_graph(
+          params, train_lib.cluster_tower_config(params, config),
+          worker_index=task_index, num_workers=num_workers)
+
+  def testStateLivesOnThePsAndTowersOnTheWorker(self):
+    with tf.Graph().as_default() as graph:
+      self._build()
+      variables = tf1.global_variables()
+      names = [v.op.name for v in variables]
+      for expected in ("global_step", "applied_steps", "skipped_steps",
+                       "consecutive_skips", "nonfinite_steps_by_tower",
+                       "max_consecutive_skips_seen",
+                       "resnet20/initial/bn/moving_mean/skip_shadow",
+                       "resnet20/initial/conv/weights/Momentum"):
+        self.assertIn(expected, names)
+      for v in variables:
+        self.assertStartsWith(v.device, "/job:ps/task:0", v.op.name)
+      for tower in (0, 1):
+        conv = graph.get_operation_by_name(
+            "tower_%d/resnet20/initial/conv/Conv2D" % tower)
+        self.assertEqual(conv.device,
+                         "/job:worker/task:1/device:CPU:%d" % tower)
+      iterator = [op for op in graph.get_operations()
+                  if op.type == "IteratorGetNext"]
+      self.assertNotEmpty(iterator)
+      for op in iterator:
+        self.assertStartsWith(op.device, "/job:worker/task:1")
+
+  def testVariablesSpreadOverSeveralPs(self):
+    with tf.Graph().as_default():
+      self._build(num_ps=2, model="small_cnn")
+      devices = set(v.device for v in tf1.global_variables())
+    self.assertEqual(devices, {"/job:ps/task:0", "/job:ps/task:1"})
+
+  def testChiefsApplyRunsNoForwardPass(self):
+    with tf.Graph().as_default():
+      graph = self._build(sync_replicas=True, task_index=0)
+      runner = graph.sync_optimizer.get_chief_queue_runner()
+      seen, stack = set(), [op for op in runner.enqueue_ops]
+      while stack:
+        op = stack.pop()
+        if op in seen:
+          continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    self.assertTrue(any(op.type == "ResourceApplyMomentum" or
+                        "guarded_step" in op.name for op in seen))
+    forward = [op.name for op in seen if op.name.startswith("tower_") or
+               op.type == "IteratorGetNext"]
+    self.assertEqual(forward, [])
+
+  def testStatisticsTravelWithTheGradients(self):
+    with tf.Graph().as_default():
+      graph = self._build(sync_replicas=True)
+      names = graph.variable_names
+    self.assertIn("resnet20/initial/bn/moving_mean", names)
+    self.assertIn("resnet20/initial/bn/moving_variance", names)
+    self.assertIn("resnet20/initial/conv/weights", names)
+
+  def testInjectionWorkerMustExist(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(injection.InjectionSpecError,
+                                  "WORKER 2 out of range, there are 2"):
+        self._build(model="small_cnn", inject_nonfinite="nan@1:0/2")
+
+  def testStatisticsDeltasRejectAPlainAssign(self):
+    with tf.Graph().as_default():
+      v = tf1.get_variable("v", [2], initializer=tf1.zeros_initializer())
+      deltas = train_lib.statistics_deltas([
+          v.assign_sub(tf.ones([2]), read_value=False),
+          v.assign_add(tf.ones([2]) * 3, read_value=False)])
+      self.assertLen(deltas, 1)
+      self.assertIs(deltas[0][1], v)
+      with self.cached_session() as sess:
+        sess.run(v.initializer)
+        self.assertAllClose(sess.run(deltas[0][0]), [-2.0, -2.0])
+      with self.assertRaisesRegex(ValueError, "assign_add/assign_sub"):
+        train_lib.statistics_deltas([v.assign(tf.ones([2]),
+                                              read_value=False)])
+
+
+# --- The binary, as users run it (helpers as in cli_test.py). ---
+
+
+def _binary(name):
+  """The Bazel-built binary when run by `bazel test`, else the module."""
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
+                        "tf1_safe_train", name)
+    if os.path.exists(path):
+      return [path]
+  return [sys.executable, "-m", "tf1_safe_train." + name]
+
+
+def _run(name, *args, tf_config=None, timeout=300):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             PYTHONPATH=os.pathsep.join(sys.path))
+  env.pop("TF_CONFIG", None)
+  if tf_config is not None:
+    env["TF_CONFIG"] = tf_config
+  return subprocess.run(_binary(name) + list(args), capture_output=True,
+                        text=True, env=env, timeout=timeout, check=False)
+
+
+_TF_NOTICE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
+
+
+def _our_lines(stderr):
+  return [line for line in stderr.splitlines() if not _TF_NOTICE.match(line)]
+
+
+def _error_lines(stderr):
+  return [line for line in _our_lines(stderr) if "error" in line.lower()]
+
+
+class ClusterCliTest(tf.test.TestCase):
+
+  def assertOneLineError(self, result, *expected, exit_code=None):
+    self.assertNotEqual(result.returncode, 0, result.stderr)
+    if exit_code is not None:
+      self.assertEqual(result.returncode, exit_code, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    errors = _error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertTrue(errors[0].startswith("train: error: "), errors[0])
+    self.assertEqual(_our_lines(result.stderr.strip())[-1], errors[0])
+    for text in expected:
+      self.assertIn(text, errors[0])
+
+  def testBadClusterSpecs(self):
+    train_dir = os.path.join(self.get_temp_dir(), "untouched")
+    flags = ["--train_dir=" + train_dir]
+    cases = [
+        ({"tf_config": "{bad json"}, [], "TF_CONFIG is not valid JSON"),
+        ({"tf_config": _tf_config(task_type="evaluator")}, [],
+         "'evaluator' is unknown"),
+        ({"tf_config": _tf_config(index=5)}, [],
+         "task index 5 out of range"),
+        ({"tf_config": _tf_config()}, ["--ps_hosts=h:1",
+                                       "--worker_hosts=h:2",
+                                       "--job_name=worker"], "given twice"),
+        ({}, ["--ps_hosts=h:1", "--worker_hosts=h:2:x",
+              "--job_name=worker"], "worker 0 'h:2:x'"),
+        ({}, ["--ps_hosts=h:1", "--worker_hosts=h:2",
+              "--job_name=worker", "--task_index=1"], "out of range"),
+    ]
+    for env, args, expected in cases:
+      with self.subTest(args=args, env=env):
+        start = time.monotonic()
+        self.assertOneLineError(_run("train", *(flags + args), **env),
+                                expected, exit_code=2)
+        # Checked before TensorFlow is imported, let alone a server started.
+        self.assertLess(time.monotonic() - start, 60)
+        self.assertFalse(os.path.exists(train_dir))
+
+  def testWorkerSelectorOutOfRange(self):
+    result = _run("train", "--train_dir=" + self.get_temp_dir(),
+                  "--inject_nonfinite=nan@3:0/2",
+                  tf_config=_tf_config(task_type="ps"))
+    self.assertOneLineError(result, "WORKER 2 out of range, there are 2",
+                            exit_code=2)
+
+  def testSyncReplicasWithoutGlobalStepOnSkip(self):
+    result = _run("train", "--train_dir=" + self.get_temp_dir(),
+                  "--sync_replicas", "--noincrement_global_step_on_skip",
+                  tf_config=_tf_config())
+    self.assertOneLineError(result, "--sync_replicas needs", exit_code=2)
+
+  def testUnreachablePsAfterBoundedWait(self):
+    worker_port, ps_port = _closed_port(), _closed_port()
+    start = time.monotonic()
+    result = _run("train", "--train_dir=" + self.get_temp_dir(),
+                  "--ps_hosts=127.0.0.1:%d" % ps_port,
+                  "--worker_hosts=127.0.0.1:%d" % worker_port,
+                  "--job_name=worker", "--startup_timeout_secs=2",
+                  timeout=120)
+    self.assertOneLineError(
+        result, "ps 0 at 127.0.0.1:%d is unreachable after 2s" % ps_port,
+        exit_code=1)
+    self.assertLess(time.monotonic() - start, 120)
+
+  def testOwnPortInUse(self):
+    with socket.socket() as busy, socket.socket() as ps:
+      for s in (busy, ps):
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+      busy_port = busy.getsockname()[1]
+      result = _run("train", "--train_dir=" + self.get_temp_dir(),
+                    "--ps_hosts=127.0.0.1:%d" % ps.getsockname()[1],
+                    "--worker_hosts=127.0.0.1:%d" % busy_port,
+                    "--job_name=worker", "--startup_timeout_secs=5",
+                    timeout=120)
+    self.assertOneLineError(
+        result, "cannot start the gRPC server of worker 0 at 127.0.0.1:%d" %
+        busy_port, exit_code=1)
+
+
+if __name__ == "__main__":
+  tf.test.main()

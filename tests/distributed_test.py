@@ -1,0 +1,443 @@
+"""Clusters on loopback: async and sync skips, a restarted worker, the launcher.
+
+Every test bounds its run with timeouts and, in a finally block, kills what
+it started and checks that no process it started is left (by Popen.poll, and
+by scanning /proc for the run's unique directory or marker).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train import local_cluster
+from tf1_safe_train import params as params_lib
+from tf1_safe_train import train_lib
+
+tf1 = tf.compat.v1
+
+_RUN_TIMEOUT_SECS = 240
+# Counters and statistics that change on a skipped step by design.
+_COUNTERS = {"global_step", "applied_steps", "skipped_steps",
+             "consecutive_skips", "max_consecutive_skips_seen",
+             "nonfinite_steps_by_tower"}
+
+
+def _binary(name):
+  """The Bazel-built binary when run by `bazel test`, else the module."""
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
+                        "tf1_safe_train", name)
+    if os.path.exists(path):
+      return [path]
+  return [sys.executable, "-m", "tf1_safe_train." + name]
+
+
+def _env(**extra):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             PYTHONPATH=os.pathsep.join(sys.path), **extra)
+  if "TF_CONFIG" not in extra:
+    env.pop("TF_CONFIG", None)
+  return env
+
+
+def _processes_with(marker):
+  """Pids (other than ours) whose command line contains `marker`."""
+  found = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+      continue
+    try:
+      with open("/proc/%s/cmdline" % pid, "rb") as f:
+        if marker.encode() in f.read():
+          found.append(int(pid))
+    except OSError:
+      continue
+  return found
+
+
+def _kill_leftovers(marker):
+  """Kills (and returns) the processes whose command line holds `marker`."""
+  left = _processes_with(marker)
+  for pid in left:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  return left
+
+
+def _task_lines(text, task):
+  prefix = "[%s] " % task
+  return [line[len(prefix):] for line in text.splitlines()
+          if line.startswith(prefix)]
+
+
+def _skip_reports(lines):
+  return [line for line in lines if "skipped step" in line]
+
+
+def _checkpoint_values(path):
+  reader = tf1.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+def _nonfinite_variables(values):
+  return [name for name, value in values.items()
+          if np.issubdtype(np.asarray(value).dtype, np.floating) and
+          not np.isfinite(value).all()]
+
+
+def _changed(a, b):
+  return sorted(name for name in a if not np.array_equal(a[name], b[name]))
+
+
+def _read_summary(train_dir):
+  with open(os.path.join(train_dir, train_lib.RUN_SUMMARY)) as f:
+    return json.load(f)
+
+
+_TRAIN_FLAGS = ("--batch_size=4", "--num_towers=2", "--device=cpu",
+                "--log_every_n_steps=5", "--save_summaries_steps=1000",
+                "--max_consecutive_skips=0")
+
+
+class DistributedTrainTest(tf.test.TestCase):
+  """1 ps + 2 workers of the real binary, on free 127.0.0.1 ports."""
+
+  def _train_dir(self):
+    return tempfile.mkdtemp(prefix="run_%s_" % uuid.uuid4().hex[:8],
+                            dir=self.get_temp_dir())
+
+  def _local_cluster(self, train_dir, *flags):
+    """Runs //:local_cluster; returns (exit code, stdout, stderr)."""
+    command = _binary("local_cluster") + [
+        "--num_ps=1", "--num_workers=2", "--stop_grace_secs=30", "--",
+        "--train_dir=" + train_dir] + list(_TRAIN_FLAGS) + list(flags)
+    process = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+      out, err = process.communicate(timeout=_RUN_TIMEOUT_SECS)
+    finally:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+      left = _kill_leftovers(train_dir)
+      self.assertEqual(left, [], "processes left running")
+    return process.returncode, out, err
+
+  def testAsyncDropsOnlyThePoisonedWorkersUpdates(self):
+    train_dir = self._train_dir()
+    # Every step of worker 1 is poisoned: in async mode which global steps a
+    # worker runs depends on timing, so a range could miss it.
+    code, _, err = self._local_cluster(
+        train_dir, "--max_steps=30", "--save_checkpoints_steps=1000",
+        "--inject_nonfinite=nan@0-/1")
+    self.assertEqual(code, 0, err[-3000:])
+    summary = _read_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(summary["cluster"], {"num_ps": 1, "num_workers": 2,
+                                          "task": "worker 0",
+                                          "sync_replicas": False})
+    steps = summary["global_step"]
+    # Each worker stops after the step in which it sees max_steps.
+    self.assertBetween(steps, 30, 34)
+    self.assertEqual(summary["applied_steps"] + summary["skipped_steps"],
+                     steps)
+    # Every step of the chief was applied, every step of worker 1 dropped.
+    self.assertEqual(summary["applied_steps"], summary["steps_this_run"])
+    worker0 = _task_lines(err, "worker 0")
+    worker1 = _task_lines(err, "worker 1")
+    self.assertEqual(_skip_reports(worker0), [])
+    reports = _skip_reports(worker1)
+    self.assertLen(reports, summary["skipped_steps"])
+    self.assertGreater(len(reports), 0)
+    for report in reports:
+      self.assertIn("tower 0 (/job:worker/task:1/device:CPU:0)", report)
+    self.assertEqual(summary["nonfinite_steps_by_tower"],
+                     [summary["skipped_steps"], 0])
+    values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
+    self.assertEqual(_nonfinite_variables(values), [])
+    self.assertEqual(values["global_step"], steps)
+    self.assertEqual(values["skipped_steps"], summary["skipped_steps"])
+    self.assertTrue(any("every worker finished; exiting" in line
+                        for line in _task_lines(err, "ps 0")))
+
+  def testSyncSkipsTheAggregateForEveryReplica(self):
+    train_dir = self._train_dir()
+    code, _, err = self._local_cluster(
+        train_dir, "--sync_replicas", "--max_steps=30",
+        "--save_checkpoints_steps=1", "--inject_nonfinite=nan@26-28/1")
+    self.assertEqual(code, 0, err[-3000:])
+    summary = _read_summary(train_dir)
+    self.assertEqual(summary["global_step"], 30)
+    self.assertEqual(summary["skipped_steps"], 3)
+    self.assertEqual(summary["applied_steps"], 27)
+    self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 0])
+    self.assertTrue(summary["cluster"]["sync_replicas"])
+    # Worker 1 reports its own poisoned gradients; worker 0's were finite.
+    reports = _skip_reports(_task_lines(err, "worker 1"))
+    self.assertEqual([int(re.search(r"skipped step (\d+)", r).group(1))
+                      for r in reports], [26, 27, 28])
+    self.assertEqual(_skip_reports(_task_lines(err, "worker 0")), [])
+    # The chief saved after every aggregate step: across the three skipped
+    # ones, nothing but the counters moved (weights, Momentum slots); the
+    # next applied step moves the model again.
+    path = os.path.join(train_dir, "model.ckpt-%d")
+    for step in (26, 29, 30):
+      self.assertTrue(tf1.train.checkpoint_exists(path % step),
+                      "no checkpoint at step %d: %s" % (
+                          step, sorted(os.listdir(train_dir))))
+    before, after, applied = (_checkpoint_values(path % s)
+                              for s in (26, 29, 30))
+    self.assertEqual(set(_changed(before, after)),
+                     {"global_step", "skipped_steps", "consecutive_skips",
+                      "max_consecutive_skips_seen",
+                      "nonfinite_steps_by_tower"})
+    self.assertEqual(after["skipped_steps"] - before["skipped_steps"], 3)
+    moved = _changed(after, applied)
+    self.assertIn("small_cnn/conv1/weights", moved)
+    self.assertIn("small_cnn/conv1/weights/Momentum", moved)
+    self.assertEqual(_nonfinite_variables(applied), [])
+
+  def testRestartedWorkerRejoinsAndTheRunFinishes(self):
+    train_dir = self._train_dir()
+    ports = local_cluster.free_ports(3)
+    cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
+               "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
+    flags = ["--train_dir=" + train_dir, "--sync_replicas", "--max_steps=30",
+             "--save_checkpoints_steps=1000"] + list(_TRAIN_FLAGS)
+    processes, logs = {}, {}
+
+    def start(name, job, index):
+      logs[name] = os.path.join(train_dir, name + ".log")
+      tf_config = json.dumps({"cluster": cluster,
+                              "task": {"type": job, "index": index}})
+      with open(logs[name], "w") as log:
+        processes[name] = subprocess.Popen(
+            _binary("train") + flags, env=_env(TF_CONFIG=tf_config),
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def log_of(name):
+      with open(logs[name]) as f:
+        return f.read()
+
+    def wait_for(name, pattern):
+      deadline = time.monotonic() + _RUN_TIMEOUT_SECS
+      while not re.search(pattern, log_of(name)):
+        self.assertIsNone(processes[name].poll(), log_of(name)[-3000:])
+        self.assertLess(time.monotonic(), deadline, "timed out")
+        time.sleep(0.2)
+
+    try:
+      start("ps", "ps", 0)
+      start("worker0", "worker", 0)
+      start("worker1", "worker", 1)
+      wait_for("worker1", r"hooks.py:\d+\] step 10 ")
+      processes["worker1"].kill()
+      processes["worker1"].wait(timeout=30)
+      start("worker1_again", "worker", 1)
+      for name in ("worker0", "worker1_again", "ps"):
+        self.assertEqual(processes[name].wait(timeout=_RUN_TIMEOUT_SECS), 0,
+                         log_of(name)[-3000:])
+    finally:
+      for process in processes.values():
+        if process.poll() is None:
+          process.kill()
+        process.wait(timeout=30)
+      left = _kill_leftovers(train_dir)
+    self.assertEqual(left, [])
+    self.assertTrue(all(p.poll() is not None for p in processes.values()))
+    summary = _read_summary(train_dir)
+    self.assertEqual(summary["global_step"], 30)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    # The replacement trained: synchronous steps need both replicas.
+    progress = re.findall(r"hooks.py:\d+\] step (\d+) ",
+                          log_of("worker1_again"))
+    self.assertNotEmpty(progress)
+    self.assertGreater(int(progress[-1]), 10)
+    values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
+    self.assertEqual(values["global_step"], 30)
+    self.assertEqual(_nonfinite_variables(values), [])
+
+
+class InProcessClusterTest(tf.test.TestCase):
+  """1 ps (a thread) + 1 worker in this process: batch-norm statistics."""
+
+  def _train(self, sync):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    params = params_lib.TrainParams(
+        train_dir=train_dir, model="resnet20", num_towers=1, device="cpu",
+        batch_size=4, max_steps=8, save_checkpoints_steps=1,
+        save_summaries_steps=1000, log_every_n_steps=4, sync_replicas=sync,
+        inject_into="input", inject_nonfinite="nan@4-5",
+        max_consecutive_skips=0).validate()
+    cluster = local_cluster.make_cluster(num_ps=1, num_workers=1)
+    ps = threading.Thread(target=train_lib.serve_parameter_server,
+                          args=(cluster.for_task("ps", 0), params),
+                          daemon=True)
+    ps.start()
+    summary = train_lib.train(params, cluster=cluster)
+    ps.join(60)
+    self.assertFalse(ps.is_alive(), "the ps did not end with the run")
+    return train_dir, summary
+
+  def _assertStatisticsUnchangedOnSkippedSteps(self, sync):
+    train_dir, summary = self._train(sync)
+    self.assertEqual((summary["global_step"], summary["skipped_steps"],
+                      summary["applied_steps"]), (8, 2, 6))
+    path = os.path.join(train_dir, "model.ckpt-%d")
+    before, after, applied = (_checkpoint_values(path % s) for s in (4, 6, 7))
+    # NaN images poison the forward pass, so tower 0's moving statistics
+    # would be NaN: they are applied with the decision, not before it.
+    self.assertEqual(set(_changed(before, after)) - _COUNTERS, set())
+    moved = _changed(after, applied)
+    self.assertIn("resnet20/initial/bn/moving_mean", moved)
+    self.assertIn("resnet20/initial/bn/moving_mean/skip_shadow", moved)
+    self.assertEqual(_nonfinite_variables(applied), [])
+
+  def testAsyncBatchNormStatisticsUnchangedOnSkippedSteps(self):
+    self._assertStatisticsUnchangedOnSkippedSteps(sync=False)
+
+  def testSyncBatchNormStatisticsUnchangedOnSkippedAggregate(self):
+    self._assertStatisticsUnchangedOnSkippedSteps(sync=True)
+
+
+# A stand-in task for the launcher's tests: says hello on both streams, then
+# does what its `<job><index>=<action>` argument says (default: wait).
+_FAKE_TASK = r"""
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+name = "%s%d" % (task["type"], task["index"])
+print("hello from " + name, flush=True)
+print("stderr of " + name, file=sys.stderr, flush=True)
+actions = dict(a.split("=") for a in sys.argv[1:] if "=" in a)
+action = actions.get(name, "wait")
+if action.startswith("exit"):
+  time.sleep(0.3)
+  sys.exit(int(action[4:]))
+time.sleep(300)
+"""
+
+
+class LocalClusterLauncherTest(tf.test.TestCase):
+  """The launcher with stand-in tasks (no TensorFlow): fast."""
+
+  def _launcher(self, marker, *actions, **kwargs):
+    self._out, self._err = _Lines(), _Lines()
+    return local_cluster.LocalCluster(
+        1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker],
+        list(actions), out=self._out, err=self._err, **kwargs)
+
+  def _run(self, launcher, marker):
+    try:
+      return launcher.run()
+    finally:
+      left = _kill_leftovers(marker)
+      self.assertEqual(left, [], "processes left running")
+      self.assertTrue(all(t.poll() is not None for t in launcher.tasks))
+
+  def testExitsWithTheChiefsCodeAndStopsTheOthers(self):
+    marker = "marker_" + uuid.uuid4().hex
+    launcher = self._launcher(marker, "worker0=exit3")
+    self.assertEqual(self._run(launcher, marker), 3)
+    self.assertIn("[worker 0] hello from worker0", self._out.text)
+    self.assertIn("[ps 0] hello from ps0", self._out.text)
+    self.assertIn("[worker 1] stderr of worker1", self._err.text)
+
+  def testCleanChiefWaitsThenStopsLeftovers(self):
+    marker = "marker_" + uuid.uuid4().hex
+    launcher = self._launcher(marker, "worker0=exit0", "worker1=exit0",
+                              stop_grace_secs=1)
+    self.assertEqual(self._run(launcher, marker), 0)
+    self.assertIn("local_cluster: still running 1s after the chief "
+                  "finished: ps 0; stopping them", self._err.text)
+
+  def testTaskDyingBeforeTheChiefStopsTheCluster(self):
+    marker = "marker_" + uuid.uuid4().hex
+    launcher = self._launcher(marker, "worker1=exit5")
+    self.assertEqual(self._run(launcher, marker), 1)
+    self.assertIn("local_cluster: worker 1 exited with exit code 5 before "
+                  "the chief finished; stopping the cluster", self._err.text)
+
+  def testSignalStopsEveryTask(self):
+    marker = "marker_" + uuid.uuid4().hex
+    launcher = self._launcher(marker)
+    result = []
+    thread = threading.Thread(
+        target=lambda: result.append(self._run(launcher, marker)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while self._out.text.count("hello from") < 3:
+      self.assertLess(time.monotonic(), deadline)
+      time.sleep(0.1)
+    launcher.request_stop(signal.SIGTERM)
+    thread.join(60)
+    self.assertFalse(thread.is_alive())
+    self.assertEqual(result, [128 + signal.SIGTERM])
+
+  def testTasksDieWithAKilledLauncher(self):
+    marker = "marker_" + uuid.uuid4().hex
+    script = ("import sys\nfrom tf1_safe_train import local_cluster\n"
+              "local_cluster.LocalCluster(1, 2, lambda t: [sys.executable, "
+              "'-c', %r, %r]).run()\n" % (_FAKE_TASK, marker))
+    launcher = subprocess.Popen([sys.executable, "-c", script], env=_env(),
+                                stdout=subprocess.PIPE, text=True)
+    try:
+      for _ in range(3):
+        self.assertIn("hello from", launcher.stdout.readline())
+      launcher.kill()
+      launcher.wait(timeout=30)
+      deadline = time.monotonic() + 30
+      while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    finally:
+      if launcher.poll() is None:
+        launcher.kill()
+      launcher.stdout.close()
+      left = _kill_leftovers(marker)
+    self.assertEqual(left, [])
+
+  def testRejectsClusterFlagsInOneLine(self):
+    result = subprocess.run(
+        _binary("local_cluster") + ["--", "--job_name=ps"], env=_env(),
+        capture_output=True, text=True, timeout=120, check=False)
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(result.stderr.strip().splitlines()[-1],
+                     "local_cluster: error: --job_name is set by "
+                     "local_cluster (through TF_CONFIG); do not pass it")
+
+
+class _Lines(object):
+  """A thread-safe text sink with `write` and `flush`."""
+
+  def __init__(self):
+    self._parts = []
+    self._lock = threading.Lock()
+
+  def write(self, text):
+    with self._lock:
+      self._parts.append(text)
+
+  def flush(self):
+    pass
+
+  @property
+  def text(self):
+    with self._lock:
+      return "".join(self._parts)
+
+
+if __name__ == "__main__":
+  tf.test.main()
