@@ -13,6 +13,7 @@ import tensorflow as tf
 from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import injection
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import replicas
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -190,9 +191,9 @@ class WorkerGraphTest(tf.test.TestCase):
         ps=["127.0.0.1:%d" % (2000 + i) for i in range(num_ps)],
         worker=["127.0.0.1:%d" % (3000 + i) for i in range(num_workers)],
         job_name="worker", task_index=task_index)
-    with tf1.device(train_lib.worker_device(config)):
+    with tf1.device(replicas.worker_device(config)):
       return train_lib.build_train_graph(
-          params, train_lib.cluster_tower_config(params, config),
+          params, replicas.cluster_tower_config(params, config),
           worker_index=task_index, num_workers=num_workers)
 
   def testStateLivesOnThePsAndTowersOnTheWorker(self):

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf1_safe_train import local_cluster
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import replicas
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -284,7 +285,7 @@ class InProcessClusterTest(tf.test.TestCase):
         inject_into="input", inject_nonfinite="nan@4-5",
         max_consecutive_skips=0).validate()
     cluster = local_cluster.make_cluster(num_ps=1, num_workers=1)
-    ps = threading.Thread(target=train_lib.serve_parameter_server,
+    ps = threading.Thread(target=replicas.serve_parameter_server,
                           args=(cluster.for_task("ps", 0), params),
                           daemon=True)
     ps.start()

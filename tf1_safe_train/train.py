@@ -174,6 +174,7 @@ def main(argv):
   tf = cli.import_tensorflow()
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train import injection
+  from tf1_safe_train import replicas
   from tf1_safe_train import train_lib
   from tf1_safe_train.data import cifar10
   # pylint: enable=g-import-not-at-top
@@ -186,7 +187,7 @@ def main(argv):
     if cluster is not None and cluster.job_name == cluster_lib.PS:
       # A ps blocks in TensorFlow; Ctrl-C must end it at once.
       signal.signal(signal.SIGINT, signal.SIG_DFL)
-      train_lib.serve_parameter_server(cluster, params)
+      replicas.serve_parameter_server(cluster, params)
       return
     summary = train_lib.train(params, cluster=cluster)
   except (params_lib.ParamsError, cifar10.DataError,

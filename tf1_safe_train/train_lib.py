@@ -26,6 +26,7 @@ from tf1_safe_train import hooks as hooks_lib
 from tf1_safe_train import injection
 from tf1_safe_train import models
 from tf1_safe_train import optimization
+from tf1_safe_train import replicas
 from tf1_safe_train import rollback
 from tf1_safe_train import towers
 
@@ -302,7 +303,7 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
           [g for g, _ in pairs if g is not None])
       step_op = sync_optimizer.apply_gradients(
           _ordered_after(pairs, step_index), global_step=global_step)
-      # _SyncReplicasHook runs it; a graph built only to be inspected not.
+      # replicas.SyncReplicasHook runs it (a graph only inspected does not).
       sync_optimizer.ready_for_local_init_op.mark_used()
       # This replica's view only: the reports never fetch the chief's
       # decision (that would run the aggregate's apply again).
@@ -394,274 +395,6 @@ def write_run_summary(train_dir, summary):
   return path
 
 
-# --- Between-graph replication: servers, sessions, the end of a run. ---
-
-# How often a non-chief worker checks whether the chief has initialised the
-# variables; TF's session creators poll every 30 s, which would dominate the
-# start-up of a cluster.
-_RECOVERY_WAIT_SECS = 1
-# How long a closing session waits for its queue-runner threads. With
-# --sync_replicas the chief's thread may wait in the gradient accumulators for
-# replicas that have already stopped (TF's default would add 120 s).
-_STOP_GRACE_SECS = 2
-# How long the chief waits at the end for the other workers to stop, so that
-# its final checkpoint and run summary come after their last steps.
-_END_WAIT_SECS = 60
-# Shared queues (on the ps) of the end-of-run protocol: worker indices.
-_STOPPED_QUEUE = "tf1_safe_train_stopped_workers"
-_DONE_QUEUE = "tf1_safe_train_done_workers_ps%d"
-
-
-def worker_device(cluster):
-  """This worker's device prefix, e.g. '/job:worker/task:1'."""
-  return "/job:worker/task:%d" % cluster.task_index
-
-
-def cluster_tower_config(params, cluster):
-  """Towers on this worker's devices, variables on the ps (round robin)."""
-  setter = tf1.train.replica_device_setter(
-      worker_device=worker_device(cluster), cluster=cluster.cluster_spec())
-  return towers.TowerConfig(params.num_towers, params.device,
-                            variables_device=setter)
-
-
-def cluster_session_config(tower_config, cluster):
-  """Session config of a worker: sees the ps tasks and itself only."""
-  proto = towers.session_config(tower_config)
-  proto.device_filters.extend(["/job:ps", worker_device(cluster)])
-  return proto
-
-
-def start_server(cluster, params):
-  """Starts this task's gRPC server; a CPU worker gets one device per tower.
-
-  Raises:
-    cluster.ClusterError: if the server cannot start (e.g. port in use).
-  """
-  config = tf1.ConfigProto()
-  if cluster.job_name == cluster_lib.WORKER and params.device == "cpu":
-    config.device_count["CPU"] = params.num_towers
-  try:
-    return tf1.train.Server(cluster.cluster_spec(), job_name=cluster.job_name,
-                            task_index=cluster.task_index, config=config)
-  except tf.errors.OpError as e:
-    raise cluster_lib.ClusterError(
-        "cannot start the gRPC server of %s at %s (is the port in use?): %s" %
-        (cluster.task_name, cluster.address, e.message)) from None
-
-
-def _done_queue(ps_index):
-  with tf1.device("/job:ps/task:%d" % ps_index):
-    return tf1.FIFOQueue(-1, [tf.int32], shapes=[[]],
-                         shared_name=_DONE_QUEUE % ps_index,
-                         name="done_workers_ps%d" % ps_index)
-
-
-def serve_parameter_server(cluster, params):
-  """Serves ps task `cluster.task_index` until every worker has finished.
-
-  Each worker, once its run is over, puts its index into a queue on every
-  ps; the ps returns when it has seen every worker index (a restarted worker
-  counts once), so no ps is left running after the run.
-
-  Args:
-    cluster: a `cluster.ClusterConfig` whose job is 'ps'.
-    params: `params.TrainParams`.
-  """
-  if cluster.job_name != cluster_lib.PS:
-    raise ValueError("serve_parameter_server runs a ps task, not %s" %
-                     cluster.task_name)
-  server = start_server(cluster, params)
-  logging.info("%s serving at %s until %d worker(s) finish", cluster.task_name,
-               cluster.address, cluster.num_workers)
-  with tf.Graph().as_default():
-    dequeue = _done_queue(cluster.task_index).dequeue()
-    config = tf1.ConfigProto(
-        device_filters=["/job:ps/task:%d" % cluster.task_index])
-    with tf1.Session(server.target, config=config) as session:
-      finished = set()
-      while len(finished) < cluster.num_workers:
-        finished.add(int(session.run(dequeue)))
-        logging.info("%s: workers finished: %s of %d", cluster.task_name,
-                     sorted(finished), cluster.num_workers)
-  logging.info("%s: every worker finished; exiting", cluster.task_name)
-
-
-EndOfRunOps = collections.namedtuple("EndOfRunOps", [
-    "close_tokens", "stopped_enqueue", "stopped_dequeue", "done_enqueue",
-    "final_reads"])
-
-
-def _end_of_run_ops(cluster, graph):
-  """Builds the ops of the end-of-run protocol (see `_EndOfRunHook`)."""
-  index = tf.constant(cluster.task_index, tf.int32)
-  with tf1.name_scope("end_of_run"):
-    with tf1.device("/job:ps/task:0"):
-      stopped = tf1.FIFOQueue(-1, [tf.int32], shapes=[[]],
-                              shared_name=_STOPPED_QUEUE,
-                              name="stopped_workers")
-    close_tokens = None
-    if graph.sync_optimizer is not None:
-      close_tokens = graph.sync_optimizer.get_chief_queue_runner().queue.close(
-          cancel_pending_enqueues=False)
-    variables = graph.variables
-    final_reads = {
-        "global_step": variables["global_step"].read_value(),
-        "counters": counters_lib.SkipCounters(
-            *[c.read_value() for c in variables["counters"]]),
-        "nonfinite_steps_by_tower":
-            variables["nonfinite_steps_by_tower"].read_value(),
-        "max_consecutive_skips_seen":
-            variables["max_consecutive_skips_seen"].read_value(),
-    }
-    return EndOfRunOps(
-        close_tokens=close_tokens,
-        stopped_enqueue=stopped.enqueue(index),
-        stopped_dequeue=stopped.dequeue(),
-        done_enqueue=tf.group(*[_done_queue(i).enqueue(index)
-                                for i in range(cluster.num_ps)]),
-        final_reads=final_reads)
-
-
-class _EndOfRunHook(tf1.train.SessionRunHook):
-  """Ends a worker's run without leaving anybody waiting.
-
-  When a worker stops because the run is over (max_steps or give-up, which
-  every worker sees in the shared variables; not on a signal, which may stop
-  one worker only), it closes the sync token queue, so no replica waits for
-  a token that will never come. A non-chief worker then reports that it
-  stopped; the chief waits (at most `wait_secs`) for those reports and reads
-  the final counters, so that its final checkpoint (saved by a later hook's
-  `end`) and run summary come after every worker's last step.
-  """
-
-  def __init__(self, cluster, ops, stopped_by_signal, wait_secs):
-    self._cluster = cluster
-    self._ops = ops
-    self._stopped_by_signal = stopped_by_signal
-    self._wait_secs = wait_secs
-    self.final = None
-
-  def end(self, session):
-    if self._ops.close_tokens is not None and not self._stopped_by_signal():
-      try:
-        session.run(self._ops.close_tokens)
-      except tf.errors.CancelledError:
-        pass  # Another worker closed it first.
-    if not self._cluster.is_chief:
-      session.run(self._ops.stopped_enqueue)
-      return
-    if not self._stopped_by_signal():
-      self._wait_for_workers(session)
-    self.final = session.run(self._ops.final_reads)
-
-  def _wait_for_workers(self, session):
-    waiting = set(range(1, self._cluster.num_workers))
-    deadline = time.monotonic() + self._wait_secs
-    while waiting:
-      remaining_ms = int((deadline - time.monotonic()) * 1000)
-      try:
-        if remaining_ms <= 0:
-          raise tf.errors.DeadlineExceededError(None, None, "")
-        waiting.discard(int(session.run(
-            self._ops.stopped_dequeue,
-            options=tf1.RunOptions(timeout_in_ms=remaining_ms))))
-      except tf.errors.DeadlineExceededError:
-        logging.warning("worker(s) %s did not stop within %ds; saving the "
-                        "final checkpoint without waiting for them",
-                        sorted(waiting), self._wait_secs)
-        return
-
-
-class _SyncReplicasHook(tf1.train.SessionRunHook):
-  """`SyncReplicasOptimizer.make_session_run_hook`, with a quiet ending.
-
-  Runs the optimizer's initialisation ops and, on the chief, the queue
-  runner that applies the aggregates. At the end that thread may still wait
-  in the gradient accumulators for replicas that have stopped; closing the
-  session cancels it, which TF's own queue runner reports as a crash
-  (a traceback after every clean run). Here a cancelled run ends the thread
-  like a closed queue does.
-  """
-
-  def __init__(self, sync_optimizer, is_chief):
-    self._optimizer = sync_optimizer
-    self._is_chief = is_chief
-    self._init_ops = []
-    self._queue_runner = None
-
-  def begin(self):
-    optimizer = self._optimizer
-    if not self._is_chief:
-      self._init_ops = [optimizer.local_step_init_op]
-      return
-    self._init_ops = [optimizer.chief_init_op, optimizer.get_init_tokens_op()]
-    runner = optimizer.get_chief_queue_runner()
-    self._queue_runner = tf1.train.QueueRunner(
-        runner.queue, runner.enqueue_ops,
-        queue_closed_exception_types=(tf.errors.OutOfRangeError,
-                                      tf.errors.CancelledError))
-
-  def after_create_session(self, session, coord):
-    # As TF's hook: the session creator has already waited for this.
-    not_ready = session.run(self._optimizer.ready_for_local_init_op)
-    if not_ready.size:
-      raise RuntimeError("variables not initialised for the sync replicas: "
-                         "%s" % ", ".join(v.decode() for v in not_ready))
-    for op in self._init_ops:
-      session.run(op)
-    if self._queue_runner is not None:
-      self._queue_runner.create_threads(session, coord=coord, daemon=True,
-                                        start=True)
-
-
-class _ClusterSessionCreator(tf1.train.SessionCreator):
-  """TF's Chief/WorkerSessionCreator, polling every _RECOVERY_WAIT_SECS.
-
-  The chief initialises the variables or restores the last checkpoint; a
-  non-chief worker waits (at most `max_wait_secs`) until the chief has.
-  """
-
-  def __init__(self, scaffold, master, config, is_chief, checkpoint_dir,
-               max_wait_secs):
-    self._scaffold = scaffold
-    self._master = master
-    self._config = config
-    self._is_chief = is_chief
-    self._checkpoint_dir = checkpoint_dir
-    self._max_wait_secs = max_wait_secs
-
-  def create_session(self):
-    scaffold = self._scaffold
-    scaffold.finalize()
-    manager = tf1.train.SessionManager(
-        local_init_op=scaffold.local_init_op,
-        ready_op=scaffold.ready_op,
-        ready_for_local_init_op=scaffold.ready_for_local_init_op,
-        graph=tf1.get_default_graph(),
-        recovery_wait_secs=_RECOVERY_WAIT_SECS,
-        local_init_feed_dict=scaffold.local_init_feed_dict)
-    if self._is_chief:
-      return manager.prepare_session(
-          self._master, saver=scaffold.saver,
-          checkpoint_dir=self._checkpoint_dir, config=self._config,
-          init_op=scaffold.init_op, init_feed_dict=scaffold.init_feed_dict,
-          init_fn=scaffold.init_fn)
-    return manager.wait_for_session(self._master, config=self._config,
-                                    max_wait_secs=self._max_wait_secs)
-
-
-def _report_done(server, ops, config, timeout_secs):
-  """Tells every ps that this worker has finished (serve_parameter_server)."""
-  try:
-    with tf1.Session(server.target, config=config) as session:
-      session.run(ops.done_enqueue, options=tf1.RunOptions(
-          timeout_in_ms=int(timeout_secs * 1000)))
-  except tf.errors.OpError as e:
-    logging.warning("could not tell the parameter servers that this worker "
-                    "finished (%s: %s)", type(e).__name__, e.message)
-
-
 def train(params, tower_config=None, master="", is_chief=True,
           worker_index=0, extra_hooks=(), cluster=None):
   """Trains as `params` says and returns the run summary (a dict).
@@ -694,14 +427,14 @@ def train(params, tower_config=None, master="", is_chief=True,
                        "serve_parameter_server" % cluster.task_name)
     is_chief, worker_index = cluster.is_chief, cluster.task_index
     num_workers, sync = cluster.num_workers, params.sync_replicas
-    tower_config = cluster_tower_config(params, cluster)
+    tower_config = replicas.cluster_tower_config(params, cluster)
   elif tower_config is None:
     tower_config = towers.TowerConfig(params.num_towers, params.device)
   if is_chief:
     check_train_dir(params.train_dir)
   if cluster is not None:
     cluster_lib.wait_for_ps(cluster, params.startup_timeout_secs)
-    server = start_server(cluster, params)
+    server = replicas.start_server(cluster, params)
     master = server.target
     logging.info("%s of %s at %s (%s)", cluster.task_name,
                  cluster.cluster, cluster.address,
@@ -709,14 +442,14 @@ def train(params, tower_config=None, master="", is_chief=True,
   start = time.time()
   with tf.Graph().as_default():
     tf1.set_random_seed(params.seed)
-    with (tf1.device(worker_device(cluster)) if cluster is not None
+    with (tf1.device(replicas.worker_device(cluster)) if cluster is not None
           else contextlib.nullcontext()):
       graph = build_train_graph(params, tower_config, worker_index,
                                 num_workers if cluster else None)
-      end_ops = _end_of_run_ops(cluster, graph) if cluster else None
+      end_ops = replicas.end_of_run_ops(cluster, graph) if cluster else None
     if cluster is not None:
       graph = graph._replace(tower_devices=[
-          worker_device(cluster) + d for d in graph.tower_devices])
+          replicas.worker_device(cluster) + d for d in graph.tower_devices])
     examples_per_step = params.batch_size * tower_config.num_towers
     progress = hooks_lib.ProgressHook(
         graph.step_index, graph.loss, graph.learning_rate, graph.counters,
@@ -736,7 +469,8 @@ def train(params, tower_config=None, master="", is_chief=True,
     run_hooks = [tf1.train.StopAtStepHook(last_step=params.max_steps),
                  progress, skip_report, give_up, on_signal, stats]
     if graph.sync_optimizer is not None:
-      run_hooks.append(_SyncReplicasHook(graph.sync_optimizer, is_chief))
+      run_hooks.append(
+          replicas.SyncReplicasHook(graph.sync_optimizer, is_chief))
     run_hooks += list(extra_hooks)
     scaffold = tf1.train.Scaffold(saver=tf1.train.Saver(max_to_keep=5))
     end_hook = None
@@ -749,10 +483,11 @@ def train(params, tower_config=None, master="", is_chief=True,
           log_step_count_steps=None,
           config=towers.session_config(tower_config))
     else:
-      session_config = cluster_session_config(tower_config, cluster)
-      end_hook = _EndOfRunHook(cluster, end_ops,
-                               lambda: on_signal.interrupted, _END_WAIT_SECS)
-      make_session = lambda: _cluster_session(
+      session_config = replicas.cluster_session_config(tower_config, cluster)
+      end_hook = replicas.EndOfRunHook(cluster, end_ops,
+                                       lambda: on_signal.interrupted,
+                                       replicas.END_WAIT_SECS)
+      make_session = lambda: replicas.cluster_session(
           params, cluster, master, session_config, scaffold,
           [end_hook] + run_hooks)
     on_signal.install()
@@ -764,7 +499,7 @@ def train(params, tower_config=None, master="", is_chief=True,
           if first_step_time is None:
             first_step_time = time.time()
       if cluster is not None:
-        _report_done(server, end_ops, session_config,
+        replicas.report_done(server, end_ops, session_config,
                      params.startup_timeout_secs)
     finally:
       on_signal.uninstall()
@@ -786,24 +521,6 @@ def train(params, tower_config=None, master="", is_chief=True,
   if is_chief:
     write_run_summary(params.train_dir, summary)
   return summary
-
-
-def _cluster_session(params, cluster, master, config, scaffold, hooks):
-  """The MonitoredSession of a worker; the chief also saves and summarises."""
-  if cluster.is_chief:
-    hooks = hooks[:1] + [
-        tf1.train.CheckpointSaverHook(
-            params.train_dir, save_steps=params.save_checkpoints_steps,
-            scaffold=scaffold),
-        tf1.train.SummarySaverHook(
-            save_steps=params.save_summaries_steps,
-            output_dir=params.train_dir, scaffold=scaffold),
-    ] + hooks[1:]
-  creator = _ClusterSessionCreator(
-      scaffold, master, config, cluster.is_chief, params.train_dir,
-      max_wait_secs=params.startup_timeout_secs)
-  return tf1.train.MonitoredSession(session_creator=creator, hooks=hooks,
-                                    stop_grace_period_secs=_STOP_GRACE_SECS)
 
 
 def _run_summary(params, stats, first_step_time, start, end, examples_per_step,
