@@ -76,7 +76,26 @@ def import_tensorflow():
   return tf
 
 
+_OP_ERROR_NOISE = ("Graph execution error", "Detected at node", "File ",
+                   "Node:", "[[", "(most recent call last)")
+
+
 def describe_op_error(error):
-  """One line for a TensorFlow `OpError`: its type and first message line."""
-  first_line = (error.message or "").strip().splitlines()[:1]
-  return "%s: %s" % (type(error).__name__, first_line[0] if first_line else "")
+  """One line for a TensorFlow `OpError`: its type and what went wrong.
+
+  TF 2.x messages start with "Graph execution error:" and a stack of the
+  node's definition; the cause (e.g. a failed assertion's message) comes
+  after it.
+
+  Args:
+    error: a `tf.errors.OpError`.
+
+  Returns:
+    A one-line string.
+  """
+  lines = [l.strip() for l in (error.message or "").splitlines() if l.strip()]
+  causes = [l for l in lines if "assertion failed" in l]
+  if not causes:
+    causes = [l for l in lines if not l.startswith(_OP_ERROR_NOISE)]
+  return "%s: %s" % (type(error).__name__,
+                     (causes or lines or [""])[0])

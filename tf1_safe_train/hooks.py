@@ -1,4 +1,4 @@
-"""SessionRunHooks that make skips visible: progress, skip report, give-up.
+"""SessionRunHooks: progress, skip report, give-up, signals, the last step.
 
 Every value a hook reports is read after the step's update (the counters come
 from `counters.read_after`, the applied flag from the decision itself), never
@@ -19,7 +19,8 @@ class ProgressHook(tf1.train.SessionRunHook):
   """Logs step, loss, learning rate, examples/s, applied and skipped."""
 
   def __init__(self, step_index, loss, learning_rate, counters,
-               examples_per_step, every_n_steps, summary_dir=None):
+               examples_per_step, every_n_steps, summary_dir=None,
+               loss_scale=None):
     """Creates the hook.
 
     Args:
@@ -30,9 +31,13 @@ class ProgressHook(tf1.train.SessionRunHook):
       examples_per_step: examples consumed by one step (all towers).
       every_n_steps: log every this many steps.
       summary_dir: if set, also write an `examples_per_sec` summary there.
+      loss_scale: optional float scalar tensor (the loss scale after the
+        step), shown in the line.
     """
     self._fetches = {"step": step_index, "loss": loss, "lr": learning_rate,
                      "counters": counters}
+    if loss_scale is not None:
+      self._fetches["loss_scale"] = loss_scale
     self._examples_per_step = examples_per_step
     self._every_n = every_n_steps
     self._summary_dir = summary_dir
@@ -63,10 +68,12 @@ class ProgressHook(tf1.train.SessionRunHook):
     self._last_time, self._last_step = now, step
     counters = results["counters"]
     logging.info(
-        "step %d  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d",
+        "step %d  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d%s",
         step + 1, results["loss"], results["lr"],
         "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
-        counters.applied_steps, counters.skipped_steps)
+        counters.applied_steps, counters.skipped_steps,
+        "  loss scale %g" % results["loss_scale"]
+        if "loss_scale" in results else "")
     if self._summary_dir and self.examples_per_sec:
       writer = tf1.summary.FileWriterCache.get(self._summary_dir)
       writer.add_summary(
@@ -114,7 +121,8 @@ class SkipReportHook(tf1.train.SessionRunHook):
   """On every skipped step, logs where the non-finite gradients were."""
 
   def __init__(self, step_index, applied, tower_flags, average_flags,
-               variable_names, tower_devices):
+               variable_names, tower_devices, loss_scale=None,
+               loss_scale_floor=1.0):
     """Creates the hook.
 
     Args:
@@ -124,9 +132,16 @@ class SkipReportHook(tf1.train.SessionRunHook):
       average_flags: bool tensor [num_variables].
       variable_names: Python list aligned with the flags.
       tower_devices: Python list of each tower's device string.
+      loss_scale: optional float scalar tensor, the loss scale the step ran
+        with: a skip above `loss_scale_floor` is reported as an expected
+        loss-scale overflow, one at the floor as a real fault.
+      loss_scale_floor: the loss scale's floor.
     """
     self._fetches = {"step": step_index, "applied": applied,
                      "towers": tower_flags, "average": average_flags}
+    if loss_scale is not None:
+      self._fetches["loss_scale"] = loss_scale
+    self._floor = loss_scale_floor
     self._variable_names = list(variable_names)
     self._tower_devices = list(tower_devices)
     self.reports = []
@@ -141,6 +156,14 @@ class SkipReportHook(tf1.train.SessionRunHook):
     report = describe_skip(int(results["step"]), results["towers"],
                            results["average"], self._variable_names,
                            self._tower_devices)
+    if "loss_scale" in results:
+      scale = float(results["loss_scale"])
+      if scale > self._floor:
+        report += ("; loss-scale overflow at scale %g (expected: the scale "
+                   "halves)" % scale)
+      else:
+        report += ("; at the floor loss scale %g: a real fault (counts "
+                   "toward --max_consecutive_skips)" % scale)
     self.reports.append(report)
     logging.warning("%s", report)
 
@@ -210,6 +233,30 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     if self.interrupted:
       run_context.request_stop()
+
+
+class StopAtStepHook(tf1.train.StopAtStepHook):
+  """`tf1.train.StopAtStepHook(last_step=...)` that never runs past it.
+
+  TensorFlow's hook decides only after a step, so a session restored at or
+  beyond `last_step` (re-running a finished --train_dir, or resuming after a
+  crash that followed the final checkpoint) would run one more step each
+  time. This one also checks the restored step when the session is created
+  and then stops before the first step.
+  """
+
+  def __init__(self, last_step):
+    super().__init__(last_step=last_step)
+    self.stopped_before_first_step = False
+
+  def after_create_session(self, session, coord):
+    super().after_create_session(session, coord)
+    step = session.run(self._global_step_tensor)
+    if step >= self._last_step:
+      logging.info("global_step %d is already at --max_steps=%d: no step to "
+                   "run", step, self._last_step)
+      self.stopped_before_first_step = True
+      coord.request_stop()
 
 
 class RunStatsHook(tf1.train.SessionRunHook):

@@ -9,6 +9,7 @@ value.
 import dataclasses
 
 MODELS = ("small_cnn", "resnet20")
+PRECISIONS = ("fp32", "fp16", "bf16")
 DATASETS = ("synthetic", "cifar10")
 DEVICES = ("gpu", "cpu")
 OPTIMIZERS = ("momentum", "sgd", "adam", "rmsprop")
@@ -54,6 +55,9 @@ class TrainParams(object):
   seed: int = 0
   # In a cluster (see cluster.py); both are ignored on one machine.
   sync_replicas: bool = False
+  precision: str = "fp32"
+  initial_loss_scale: float = 2.0**15
+  loss_scale_growth_steps: int = 2000
   startup_timeout_secs: float = 600.0
 
   def validate(self):
@@ -104,6 +108,17 @@ class TrainParams(object):
     _check(self.inject_into in INJECT_INTO, "--inject_into=%r: must be one of %s",
            self.inject_into, ", ".join(INJECT_INTO))
     _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
+    _check(self.precision in PRECISIONS, "--precision=%r: must be one of %s",
+           self.precision, ", ".join(PRECISIONS))
+    _check(self.initial_loss_scale >= 1,
+           "--initial_loss_scale=%r: must be >= 1", self.initial_loss_scale)
+    _check(_is_int(self.loss_scale_growth_steps) and
+           self.loss_scale_growth_steps >= 1,
+           "--loss_scale_growth_steps=%r: must be an integer >= 1",
+           self.loss_scale_growth_steps)
+    _check(not (self.precision == "fp16" and self.sync_replicas),
+           "--precision=fp16 with --sync_replicas is not supported yet (the "
+           "loss scale would need the chief's decision)")
     _check(isinstance(self.sync_replicas, bool),
            "--sync_replicas=%r: must be a boolean", self.sync_replicas)
     # The sync token that releases the replicas carries global_step; a skip

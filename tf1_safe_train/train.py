@@ -88,6 +88,15 @@ flags.DEFINE_string("worker_hosts", "",
                     "worker 0 is the chief.")
 flags.DEFINE_string("job_name", "", "Cluster: this task's job, ps or worker.")
 flags.DEFINE_integer("task_index", 0, "Cluster: this task's index in its job.")
+flags.DEFINE_enum("precision", _DEFAULTS.precision, params_lib.PRECISIONS,
+                  "Compute precision (float32 master weights): fp32, fp16 "
+                  "(with dynamic loss scaling) or bf16.")
+flags.DEFINE_float("initial_loss_scale", _DEFAULTS.initial_loss_scale,
+                   "fp16: the starting loss scale.")
+flags.DEFINE_integer("loss_scale_growth_steps",
+                     _DEFAULTS.loss_scale_growth_steps,
+                     "fp16: double the loss scale after this many applied "
+                     "steps in a row (a skip halves it, floor 1).")
 flags.DEFINE_boolean("sync_replicas", _DEFAULTS.sync_replicas,
                      "Cluster: aggregate every worker's gradients and decide "
                      "apply/skip on the aggregate (one poisoned replica skips "
@@ -150,6 +159,9 @@ def make_params(f, visible_gpus):
       inject_into=f.inject_into,
       seed=f.seed,
       sync_replicas=f.sync_replicas,
+      precision=f.precision,
+      initial_loss_scale=f.initial_loss_scale,
+      loss_scale_growth_steps=f.loss_scale_growth_steps,
       startup_timeout_secs=f.startup_timeout_secs).validate()
 
 
@@ -170,6 +182,16 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
+  try:
+    _run(cluster)
+  except KeyboardInterrupt:
+    # Ctrl-C before the trainer's own handlers are installed (TensorFlow's
+    # import, graph building): nothing was trained or written yet.
+    cli.fail(_PROGRAM, "interrupted before training started", 130)
+
+
+def _run(cluster):
+  """Runs this task (trainer or ps) of `cluster` (None: one machine)."""
   logging.set_verbosity(logging.INFO)
   tf = cli.import_tensorflow()
   # pylint: disable=g-import-not-at-top

@@ -25,7 +25,9 @@ from tf1_safe_train import guard
 from tf1_safe_train import hooks as hooks_lib
 from tf1_safe_train import injection
 from tf1_safe_train import models
+from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import optimization
+from tf1_safe_train import precision
 from tf1_safe_train import replicas
 from tf1_safe_train import rollback
 from tf1_safe_train import towers
@@ -38,8 +40,8 @@ TrainGraph = collections.namedtuple("TrainGraph", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "tower_flags", "average_flags", "variable_names", "tower_devices",
     "global_step", "nonfinite_steps_by_tower", "max_consecutive_skips_seen",
-    "sync_optimizer", "variables"
-], defaults=(None, None))
+    "sync_optimizer", "variables", "loss_scale", "loss_scale_before"
+], defaults=(None, None, None, None))
 TrainGraph.__doc__ = """Tensors of one training step (reads ordered after it).
 
 With `--sync_replicas` in a cluster, `applied`, `average_flags` and
@@ -60,15 +62,27 @@ def _weight_decay_loss(rate):
 
 
 def _tower_step(params, tower_index, iterator, model_fn, optimizer, rules,
-                step_index, worker_index):
-  """Builds tower `tower_index`: loss, gradients, non-finite flags."""
+                step_index, worker_index, loss_scale=None, scale_value=None):
+  """Builds tower `tower_index`: loss, gradients, non-finite flags.
+
+  With --precision=fp16|bf16 the tower computes in that dtype on float32
+  master weights; with a `loss_scale` it differentiates the loss times
+  `scale_value` and divides the (float32) gradients back before the check.
+  """
   images, labels = iterator.get_next()
   active, value = injection.active_value(
       rules, step_index, tower=tower_index, worker=worker_index,
       seed=params.seed)
   if params.inject_into == "input":
     images = injection.poison(images, active, value)
-  logits = model_fn(images, is_training=True, num_classes=data.NUM_CLASSES)
+  compute_dtype = precision.compute_dtype(params.precision)
+  if compute_dtype == tf.float32:
+    logits = model_fn(images, is_training=True, num_classes=data.NUM_CLASSES)
+  else:
+    with precision.float32_master_weights():
+      logits = model_fn(tf.cast(images, compute_dtype), is_training=True,
+                        num_classes=data.NUM_CLASSES)
+    logits = tf.cast(logits, tf.float32)
   loss = tf.reduce_mean(
       tf.nn.sparse_softmax_cross_entropy_with_logits(
           labels=tf.cast(labels, tf.int32), logits=logits))
@@ -80,8 +94,10 @@ def _tower_step(params, tower_index, iterator, model_fn, optimizer, rules,
     # loss does (a replaced value would carry a zero gradient).
     loss *= tf.where(active, value, tf.constant(1.0))
   grads_and_vars = optimizer.compute_gradients(
-      loss, var_list=tf1.trainable_variables(),
-      colocate_gradients_with_ops=True)
+      loss * scale_value if loss_scale else loss,
+      var_list=tf1.trainable_variables(), colocate_gradients_with_ops=True)
+  if loss_scale:
+    grads_and_vars = loss_scale.unscale(grads_and_vars, scale_value)
   if params.inject_into == "grads":
     grads_and_vars = list(grads_and_vars)
     for i, (g, v) in enumerate(grads_and_vars):
@@ -235,6 +251,12 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
         params.lr_schedule, params.learning_rate, schedule_step.read_value(),
         params.max_steps)
     optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
+    loss_scale, scale_value = None, None
+    if params.precision == "fp16":
+      loss_scale = loss_scale_lib.DynamicLossScale(
+          params.initial_loss_scale, params.loss_scale_growth_steps)
+      # Read once per step, before the decision that may change it.
+      scale_value = tf.identity(loss_scale.scale(), name="loss_scale_value")
 
   with tf.device("/device:CPU:0"), tf1.name_scope("input"):
     # Each worker of a cluster shuffles its own way (worker 0 as on one
@@ -247,7 +269,7 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
   tower_outputs = towers.build_towers(
       tower_config,
       lambda i: _tower_step(params, i, iterator, model_fn, optimizer, rules,
-                            step_index, worker_index))
+                            step_index, worker_index, loss_scale, scale_value))
   losses = [out[0] for out in tower_outputs]
   tower_flags = tf.stack([out[2] for out in tower_outputs])
   grads_and_vars = towers.average_gradients([out[1] for out in tower_outputs])
@@ -318,6 +340,7 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
             increment_global_step_on_skip=params.increment_global_step_on_skip,
             update_ops=update_ops,
             extra_nonfinite=tf.unstack(tower_nonfinite),
+            branch_ops=[loss_scale] if loss_scale else [],
             name="guarded_step")
       step_op, applied = result.train_op, result.applied
       average_flags = result.nonfinite_flags
@@ -335,6 +358,7 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
       global_step_after = tf.identity(global_step.read_value())
       nonfinite_after = tf.identity(nonfinite_by_tower.read_value())
       max_seen_after = tf.identity(max_seen.read_value())
+    loss_scale_after = loss_scale.read_after(train_op) if loss_scale else None
     loss = tf.add_n(losses) / float(num_towers)
 
   graph = TrainGraph(
@@ -347,6 +371,8 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
       nonfinite_steps_by_tower=nonfinite_after,
       max_consecutive_skips_seen=max_seen_after,
       sync_optimizer=sync_optimizer,
+      loss_scale=loss_scale_after,
+      loss_scale_before=scale_value,
       variables={"global_step": global_step, "counters": counters,
                  "nonfinite_steps_by_tower": nonfinite_by_tower,
                  "max_consecutive_skips_seen": max_seen})
@@ -363,6 +389,8 @@ def _add_summaries(graph):
   for i in range(len(graph.tower_devices)):
     tf1.summary.scalar("skips/nonfinite_steps_tower_%d" % i,
                        graph.nonfinite_steps_by_tower[i])
+  if graph.loss_scale is not None:
+    tf1.summary.scalar("loss_scale", graph.loss_scale.scale)
   for v in tf1.trainable_variables():
     # Weights cannot hold NaN: skipped steps never write them.
     tf1.summary.histogram("weights/" + v.op.name, v)
@@ -454,19 +482,26 @@ def train(params, tower_config=None, master="", is_chief=True,
     progress = hooks_lib.ProgressHook(
         graph.step_index, graph.loss, graph.learning_rate, graph.counters,
         examples_per_step, params.log_every_n_steps,
-        summary_dir=params.train_dir if is_chief else None)
+        summary_dir=params.train_dir if is_chief else None,
+        loss_scale=graph.loss_scale.scale if graph.loss_scale else None)
     skip_report = hooks_lib.SkipReportHook(
         graph.step_index, graph.applied, graph.tower_flags,
-        graph.average_flags, graph.variable_names, graph.tower_devices)
-    give_up = hooks_lib.GiveUpHook(graph.counters.consecutive_skips,
-                                   params.max_consecutive_skips)
+        graph.average_flags, graph.variable_names, graph.tower_devices,
+        loss_scale=graph.loss_scale_before)
+    # With a loss scale, skips that halve it are expected overflows; only
+    # skips at the floor scale are faults that count toward giving up.
+    give_up = hooks_lib.GiveUpHook(
+        graph.loss_scale.floor_skips if graph.loss_scale
+        else graph.counters.consecutive_skips, params.max_consecutive_skips)
     on_signal = hooks_lib.StopOnSignalHook()
     stats = hooks_lib.RunStatsHook({
         "global_step": graph.global_step, "loss": graph.loss,
         "counters": graph.counters,
         "nonfinite_steps_by_tower": graph.nonfinite_steps_by_tower,
-        "max_consecutive_skips_seen": graph.max_consecutive_skips_seen})
-    run_hooks = [tf1.train.StopAtStepHook(last_step=params.max_steps),
+        "max_consecutive_skips_seen": graph.max_consecutive_skips_seen,
+        **({"loss_scale": graph.loss_scale.scale} if graph.loss_scale
+           else {})})
+    run_hooks = [hooks_lib.StopAtStepHook(params.max_steps),
                  progress, skip_report, give_up, on_signal, stats]
     if graph.sync_optimizer is not None:
       run_hooks.append(
@@ -523,18 +558,39 @@ def train(params, tower_config=None, master="", is_chief=True,
   return summary
 
 
+def _restored_summary(params, exit_reason, wall_seconds):
+  """The run summary of a run that ran no step: the checkpoint's counters."""
+  summary = {"exit_reason": exit_reason, "steps_this_run": 0,
+             "wall_seconds": round(wall_seconds, 3),
+             "params": params.to_dict()}
+  checkpoint = tf1.train.latest_checkpoint(params.train_dir)
+  if checkpoint is None:
+    return dict(summary, global_step=None)
+  reader = tf1.train.load_checkpoint(checkpoint)
+  names = reader.get_variable_to_shape_map()
+  for name in ("global_step", "max_consecutive_skips_seen") + (
+      counters_lib.SkipCounters._fields):
+    if name in names:
+      summary[name] = int(reader.get_tensor(name))
+  if "nonfinite_steps_by_tower" in names:
+    summary["nonfinite_steps_by_tower"] = [
+        int(c) for c in reader.get_tensor("nonfinite_steps_by_tower")]
+  return summary
+
+
 def _run_summary(params, stats, first_step_time, start, end, examples_per_step,
                  exit_reason, final=None):
   """The run_summary.json dict (see README); `final` overrides the counters."""
   latest = stats.latest
   if latest is None:  # Nothing ran: the checkpoint was already at max_steps.
-    return {"exit_reason": exit_reason, "global_step": None,
-            "wall_seconds": round(end - start, 3), "params": params.to_dict()}
+    return _restored_summary(params, exit_reason, end - start)
   latest = dict(latest, **(final or {}))
   timed_steps = stats.steps_run - 1
   timed_seconds = end - first_step_time if first_step_time else 0.0
   counters = latest["counters"]
   return {
+      **({"loss_scale": float(latest["loss_scale"])}
+         if "loss_scale" in latest else {}),
       "global_step": int(latest["global_step"]),
       "applied_steps": int(counters.applied_steps),
       "skipped_steps": int(counters.skipped_steps),

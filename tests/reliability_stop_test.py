@@ -1,0 +1,176 @@
+"""How a run ends when it cannot or must not go on: persistent fault, signals.
+
+A fault on every step from step N on makes the trainer give up after
+--max_consecutive_skips skipped steps with one error line and a non-zero exit;
+its last checkpoint holds the state after step N-1, bit for bit (weights,
+optimizer slots, batch-norm moving statistics, EMA shadows). SIGTERM and
+Ctrl-C (SIGINT) end a run cleanly: exit 0, a final checkpoint at the step the
+run summary reports (`exit_reason: "interrupted"`), and a rerun resumes there;
+Ctrl-C during start-up ends with one line.
+"""
+
+import os
+import signal
+import tempfile
+import time
+import unittest
+
+import tensorflow as tf
+
+import reliability_lib as lib
+
+tf1 = tf.compat.v1
+
+_SEED = 5
+
+
+def _common_args(train_dir):
+  return ["--train_dir=" + train_dir, "--num_towers=2", "--device=cpu",
+          "--batch_size=4", "--save_summaries_steps=1000", "--seed=%d" % _SEED]
+
+
+class PersistentFaultTest(tf.test.TestCase):
+
+  def _give_up(self, first_bad_step, max_skips, extra_args, expect_names):
+    """Runs with a fault on every step from `first_bad_step`; checks the end."""
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    n, k = first_bad_step, max_skips
+    result = lib.run_trainer(_common_args(train_dir) + [
+        "--max_steps=1000", "--save_checkpoints_steps=%d" % n,
+        "--max_consecutive_skips=%d" % k, "--log_every_n_steps=1000",
+    ] + extra_args)
+    # One error line, last, naming the give-up; non-zero exit; no traceback.
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    errors = lib.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: gave up after %d "
+                          "consecutive skipped steps at step %d" % (k, n + k))
+    self.assertIn("--max_consecutive_skips=%d" % k, errors[0])
+
+    summary = lib.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertEqual(
+        (summary["global_step"], summary["applied_steps"],
+         summary["skipped_steps"], summary["consecutive_skips"]),
+        (n + k, n, k, k))
+
+    last = lib.latest_checkpoint(train_dir)
+    self.assertEqual(last, os.path.join(train_dir, "model.ckpt-%d" % (n + k)))
+    before = lib.checkpoint_values(os.path.join(train_dir, "model.ckpt-%d" % n))
+    after = lib.checkpoint_values(last)
+    self.assertEqual(int(before["global_step"]), n)
+    self.assertEqual(int(before["applied_steps"]), n)
+    self.assertEqual(int(after["skipped_steps"]), k)
+    self.assertEqual(lib.nonfinite_entries(after), [])
+    state_before, state_after = lib.model_state(before), lib.model_state(after)
+    self.assertCountEqual(state_after, state_before)
+    for pattern in expect_names:  # The comparison covers what it must.
+      self.assertTrue(any(pattern in name for name in state_after),
+                      "no %r in %s" % (pattern, sorted(state_after)))
+    for name, value in state_after.items():
+      self.assertEqual(value.dtype, state_before[name].dtype, name)
+      # Bit for bit: compare the bytes, not the values (NaN != NaN).
+      self.assertEqual(value.tobytes(), state_before[name].tobytes(), name)
+
+  def testSmallCnnMomentumGradsFaultOnTower1(self):
+    self._give_up(
+        10, 4, ["--inject_nonfinite=nan@10-:1", "--inject_into=grads",
+                "--optimizer=momentum"],
+        expect_names=["small_cnn/conv1/weights", "/Momentum"])
+
+  def testResnetAdamEmaInputFaultOnTower0(self):
+    # Tower 0's update ops write the batch-norm moving statistics; Adam has
+    # slots and beta powers; the EMA has shadows: none may move.
+    self._give_up(
+        4, 3, ["--model=resnet20", "--inject_nonfinite=inf@4-:0",
+               "--inject_into=input", "--optimizer=adam",
+               "--moving_average_decay=0.99"],
+        expect_names=["moving_mean", "moving_variance", "/Adam",
+                      "beta1_power", "ExponentialMovingAverage"])
+
+
+class SignalTest(tf.test.TestCase):
+
+  def _interrupt(self, sig):
+    """Signals a running trainer; checks the clean stop; returns train_dir."""
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = train_dir + ".log"
+    drill = lib.Drill("nan%0.2:0,-inf%0.1:1", 2, _SEED)
+    process = lib.start_trainer(_common_args(train_dir) + [
+        "--max_steps=1000000", "--save_checkpoints_steps=1000000",
+        "--log_every_n_steps=1", "--inject_nonfinite=" + drill.spec,
+        "--max_consecutive_skips=0"], log)
+    try:
+      # Some steps in (and so past every start-up phase), then the signal.
+      self.assertTrue(lib.wait_until(
+          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 8,
+          300, process=process), lib.read_text(log))
+      lib.send(process, sig)
+      process.wait(timeout=120)
+    finally:
+      if process.poll() is None:
+        lib.kill_and_reap(process)
+    text = lib.read_text(log)
+    self.assertEqual(process.returncode, 0, text)
+    self.assertNotIn("Traceback", text)
+    self.assertEqual(lib.error_lines(text), [])
+    self.assertIn("signal %d: stopping after this step" % sig, text)
+
+    summary = lib.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "interrupted")
+    step = summary["global_step"]
+    self.assertGreaterEqual(step, 8)
+    self.assertEqual(lib.summary_counters(summary),
+                     drill.expected_counters(step))
+    # The final checkpoint is at the summary's step (the interval is far).
+    last = lib.latest_checkpoint(train_dir)
+    self.assertEqual(last, os.path.join(train_dir, "model.ckpt-%d" % step))
+    values = lib.checkpoint_values(last)
+    self.assertEqual(lib.nonfinite_entries(values), [])
+    self.assertEqual(lib.checkpoint_counters(values),
+                     drill.expected_counters(step))
+    return train_dir, drill, step
+
+  def testSigtermSavesCheckpointAndSummaryThenResumes(self):
+    train_dir, drill, step = self._interrupt(signal.SIGTERM)
+    result = lib.run_trainer(_common_args(train_dir) + [
+        "--max_steps=%d" % (step + 3), "--inject_nonfinite=" + drill.spec,
+        "--max_consecutive_skips=0"])
+    self.assertEqual(result.returncode, 0, result.stderr)
+    summary = lib.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(summary["steps_this_run"], 3)
+    self.assertEqual(lib.summary_counters(summary),
+                     drill.expected_counters(step + 3))
+
+  def testCtrlCSavesCheckpointAndSummary(self):
+    self._interrupt(signal.SIGINT)
+
+  # Regression test (fixed in tf1_safe_train/train.py, main): the signal handlers are installed
+  # only when train_lib.train starts its session, so Ctrl-C during start-up
+  # (TensorFlow's import, graph building: 5-10 s) ends with a KeyboardInterrupt
+  # traceback. Nothing is trained yet, so a non-zero exit is right, but with
+  # one line. Fix: catch KeyboardInterrupt in main and cli.fail(...,
+  # "interrupted before training started", 130).
+  def testCtrlCDuringStartUpExitsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = train_dir + ".log"
+    process = lib.start_trainer(_common_args(train_dir), log)
+    try:
+      time.sleep(1.0)  # Importing TensorFlow alone takes longer.
+      lib.send(process, signal.SIGINT)
+      process.wait(timeout=120)
+    finally:
+      if process.poll() is None:
+        lib.kill_and_reap(process)
+    text = lib.read_text(log)
+    self.assertFalse(lib.progress_steps(text))  # It was still starting.
+    self.assertNotEqual(process.returncode, 0)
+    self.assertNotIn("Traceback", text)
+    self.assertLen(lib.error_lines(text), 1, text)
+
+
+if __name__ == "__main__":
+  tf.test.main()
