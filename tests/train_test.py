@@ -145,6 +145,38 @@ class TrainTest(tf.test.TestCase):
                 "skips/nonfinite_steps_tower_1"):
       self.assertIn(tag, tags)
 
+  def testFloat16SkipHalvesTheLossScale(self):
+    # float16 convolutions are emulated on CPU (a few examples/s), so this
+    # run is tiny: it checks the mechanism, not that fp16 trains well.
+    train_dir = self._train_dir("fp16")
+    with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+      summary = train_lib.train(_params(
+          train_dir, precision="fp16", batch_size=2, max_steps=4,
+          initial_loss_scale=1024.0, loss_scale_growth_steps=2,
+          inject_nonfinite="nan@3:1"))
+    # Steps 0 and 1 applied: 1024 -> 2048; step 2 applied; step 3 skipped:
+    # 2048 -> 1024.
+    self.assertEqual(summary["skipped_steps"], 1)
+    self.assertEqual(summary["loss_scale"], 1024.0)
+    values = _checkpoint_values(train_dir)
+    self.assertEqual(values["loss_scale/scale"], 1024.0)
+    for name, value in values.items():
+      if np.issubdtype(np.asarray(value).dtype, np.floating):
+        self.assertTrue(np.isfinite(value).all(), name)
+    reports = [r.getMessage() for r in logs.records
+               if "skipped step 3" in r.getMessage()]
+    self.assertLen(reports, 1)
+    self.assertIn("loss-scale overflow at scale 2048", reports[0])
+
+  def testBfloat16Trains(self):
+    train_dir = self._train_dir("bf16")
+    summary = train_lib.train(_params(
+        train_dir, precision="bf16", batch_size=4, max_steps=3,
+        inject_nonfinite="inf@1:0"))
+    self.assertEqual(summary["skipped_steps"], 1)
+    self.assertNotIn("loss_scale", summary)
+    self.assertTrue(np.isfinite(summary["final_loss"]))
+
   def testEmaAndClippingTrainWithoutNaN(self):
     train_dir = self._train_dir("ema")
     summary = train_lib.train(_params(
