@@ -108,7 +108,7 @@ class SignalTest(tf.test.TestCase):
           lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 8,
           300, process=process), lib.read_text(log))
       lib.send(process, sig)
-      process.wait(timeout=120)
+      process.wait(timeout=240)
     finally:
       if process.poll() is None:
         lib.kill_and_reap(process)
@@ -161,7 +161,7 @@ class SignalTest(tf.test.TestCase):
     try:
       time.sleep(1.0)  # Importing TensorFlow alone takes longer.
       lib.send(process, signal.SIGINT)
-      process.wait(timeout=120)
+      process.wait(timeout=240)
     finally:
       if process.poll() is None:
         lib.kill_and_reap(process)
