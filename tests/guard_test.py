@@ -41,6 +41,47 @@ class IsNonfiniteTest(tf.test.TestCase):
         self.assertFalse(sess.run(flag, {x: np.ones([2, 3], np.float32)}))
       self.assertEqual(18, cases)
 
+  def testSameTensorIsCheckedOnceAndFreeOfControlDependencies(self):
+    with tf.Graph().as_default() as graph:
+      x = tf1.placeholder(tf.float32, [3])
+      first = guard.is_nonfinite(x)
+      with tf1.control_dependencies([tf.no_op(name="unrelated")]):
+        again = guard.is_nonfinite(x)
+      self.assertIs(first, again)
+      y = x * 2.0
+      other = guard.is_nonfinite(y)
+      self.assertIsNot(first, other)
+      checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
+      self.assertLen(checks, 2)
+      # A check built under the caller's control dependencies would wait for
+      # them; it reads nothing but the tensor.
+      with tf1.control_dependencies([tf.no_op(name="before")]):
+        z = tf.identity(x)
+        flag = guard.is_nonfinite(z)
+      for op in graph.get_operations():
+        if op.name.startswith(flag.op.name.split("/")[0]):
+          self.assertEmpty(op.control_inputs, op.name)
+      with tf1.Session() as sess:
+        self.assertTrue(sess.run(again, {x: [1.0, _NAN, 2.0]}))
+        self.assertFalse(sess.run(again, {x: [1.0, 3.0, 2.0]}))
+
+  def testInsideACondTheCheckBelongsToTheBranch(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      pred = tf1.placeholder(tf.bool, [])
+      # Asked first inside a branch: that flag must not be handed out again
+      # outside it (a branch's tensor cannot be used outside its cond).
+      inside = tf.cond(pred, lambda: guard.is_nonfinite(x),
+                       lambda: tf.constant(False))
+      outside = guard.is_nonfinite(x)
+      both = tf.logical_and(outside, tf.logical_not(inside))
+      with tf1.Session() as sess:
+        bad = [1.0, _INF, 2.0]
+        self.assertTrue(sess.run(outside, {x: bad}))
+        self.assertTrue(sess.run(inside, {x: bad, pred: True}))
+        self.assertFalse(sess.run(inside, {x: bad, pred: False}))
+        self.assertTrue(sess.run(both, {x: bad, pred: False}))
+
   def testFlagsIndexedSlicesFromEmbeddingLookupGradient(self):
     with tf.Graph().as_default():
       table = tf1.get_variable("table", initializer=tf.ones([5, 2]))

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import towers
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -36,6 +37,16 @@ class TrainTest(tf.test.TestCase):
 
   def _train_dir(self, name):
     return os.path.join(self.get_temp_dir(), name)
+
+  def testOneTowerChecksEachGradientOnce(self):
+    # With one tower, the tower's flags and the decision's flags are of the
+    # same tensors: one finiteness check per variable, not two.
+    params = _params(self._train_dir("graph"), num_towers=1, model="resnet20")
+    with tf.Graph().as_default() as graph:
+      train_lib.build_train_graph(
+          params, towers.TowerConfig(params.num_towers, params.device))
+      checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
+      self.assertLen(checks, len(tf1.trainable_variables()))
 
   def testTwoTowersSkipInjectedStepAndNameTowerAndVariable(self):
     train_dir = self._train_dir("two")

@@ -40,12 +40,25 @@ def _values(grad):
   return grad
 
 
+def _check(values):
+  """Builds the exact test of `values`, on their device (see is_nonfinite)."""
+  with tf1.colocate_with(values.op), tf1.name_scope("is_nonfinite"):
+    return tf.logical_not(tf.reduce_all(tf.math.is_finite(values)))
+
+
 def is_nonfinite(grad):
   """Returns a bool scalar: True if `grad` holds any NaN, +Inf or -Inf.
 
   The test is exact, element by element (`tf.math.is_finite`), and never a sum
   or norm of the raw values, which would overflow into a false positive for
   large finite gradients. It runs on the gradient's own device.
+
+  A tensor is checked once per graph: asking again for the same tensor
+  (outside control flow) returns the same flag, so the trainer's per-tower
+  flags and its decision's flags share their ops when both see one tower's
+  gradients (the check is a pass over every gradient; bench/guard_overhead.py
+  measures it). The check reads nothing but `grad`, so it is built free of
+  the caller's control dependencies.
 
   Args:
     grad: a float Tensor (float16, bfloat16, float32, float64) or an
@@ -55,8 +68,29 @@ def is_nonfinite(grad):
     A bool scalar tensor.
   """
   values = _values(grad)
-  with tf1.colocate_with(values.op), tf1.name_scope("is_nonfinite"):
-    return tf.logical_not(tf.reduce_all(tf.math.is_finite(values)))
+  graph = values.graph
+  # pylint: disable=protected-access
+  in_control_flow = graph._get_control_flow_context() is not None
+  # pylint: enable=protected-access
+  if (graph is not tf1.get_default_graph() or graph.building_function or
+      in_control_flow):
+    # Inside a cond, a loop or a function a flag belongs to that context.
+    return _check(values)
+  checks = getattr(graph, _CHECKS_ATTRIBUTE, None)
+  if checks is None:
+    checks = {}
+    setattr(graph, _CHECKS_ATTRIBUTE, checks)
+  flag = checks.get(values.ref())
+  if flag is None:
+    with tf1.control_dependencies(None):
+      flag = _check(values)
+    checks[values.ref()] = flag
+  return flag
+
+
+# Flags already built in a graph, by checked tensor. An attribute of the graph
+# (not a module-level map, whose values would keep every graph alive).
+_CHECKS_ATTRIBUTE = "_tf1_safe_train_nonfinite_checks"
 
 
 def nonfinite_flags(grads):
