@@ -390,7 +390,11 @@ def _add_summaries(graph):
     tf1.summary.scalar("skips/nonfinite_steps_tower_%d" % i,
                        graph.nonfinite_steps_by_tower[i])
   if graph.loss_scale is not None:
-    tf1.summary.scalar("loss_scale", graph.loss_scale.scale)
+    # Tagged "loss_scale" exactly: tf1.summary.scalar would take the tag from
+    # a new name scope, "loss_scale_1", as "loss_scale" holds the variable.
+    tf1.add_to_collection(tf1.GraphKeys.SUMMARIES, tf.raw_ops.ScalarSummary(
+        tags="loss_scale", values=tf.convert_to_tensor(graph.loss_scale.scale),
+        name="loss_scale_summary"))
   for v in tf1.trainable_variables():
     # Weights cannot hold NaN: skipped steps never write them.
     tf1.summary.histogram("weights/" + v.op.name, v)
