@@ -10,13 +10,13 @@ only here; `guard_overhead_lib.run(BenchConfig(...))` does the work.
 """
 
 import json
-import os
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
+from bench import timing
 from tf1_safe_train import cli
 
 _PROGRAM = "guard_overhead"
@@ -85,14 +85,6 @@ def make_config(f, lib):
   return lib.BenchConfig(**values).validate()
 
 
-def _write(path, text):
-  directory = os.path.dirname(path)
-  if directory:
-    os.makedirs(directory, exist_ok=True)
-  with open(path, "w") as f:
-    f.write(text)
-
-
 def main(argv):
   if len(argv) > 1:
     cli.fail(_PROGRAM, "unexpected arguments: %s" % " ".join(argv[1:]))
@@ -109,11 +101,11 @@ def main(argv):
   sys.stdout.flush()
   json_out = cli.resolve_path(FLAGS.json_out)
   if json_out:
-    _write(json_out, json.dumps(results, indent=2) + "\n")
+    timing.write_text(json_out, json.dumps(results, indent=2) + "\n")
     logging.info("results: %s", json_out)
   markdown_out = cli.resolve_path(FLAGS.markdown_out)
   if markdown_out:
-    _write(markdown_out, table + "\n")
+    timing.write_text(markdown_out, table + "\n")
     logging.info("table: %s", markdown_out)
 
 

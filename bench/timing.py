@@ -158,6 +158,15 @@ def load_average():
     return None
 
 
+def write_text(path, text):
+  """Writes `text` to `path`, creating its directory."""
+  directory = os.path.dirname(path)
+  if directory:
+    os.makedirs(directory, exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+
+
 def markdown_table(header, rows):
   """Formats a Markdown table.
 

@@ -8,13 +8,13 @@ live here and only here; `towers_lib.run(TowersConfig(...))` does the work.
 """
 
 import json
-import os
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
+from bench import timing
 from tf1_safe_train import cli
 from tf1_safe_train import params as params_lib
 
@@ -67,10 +67,7 @@ def main(argv):
   sys.stdout.flush()
   json_out = cli.resolve_path(FLAGS.json_out)
   if json_out:
-    if os.path.dirname(json_out):
-      os.makedirs(os.path.dirname(json_out), exist_ok=True)
-    with open(json_out, "w") as f:
-      f.write(json.dumps(results, indent=2) + "\n")
+    timing.write_text(json_out, json.dumps(results, indent=2) + "\n")
     logging.info("results: %s", json_out)
 
 

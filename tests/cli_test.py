@@ -1,58 +1,15 @@
 """The binaries as users run them: flags, and one-line errors on bad input."""
 
 import os
-import re
-import subprocess
-import sys
 
 import numpy as np
 import tensorflow as tf
 
+import binaries
 from tf1_safe_train.data import cifar10
 
 
-def _binary(name):
-  """The Bazel-built binary when run by `bazel test`, else the module."""
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
-                        "tf1_safe_train", name)
-    if os.path.exists(path):
-      return [path]
-  return [sys.executable, "-m", "tf1_safe_train." + name]
-
-
-def _run(name, *args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=os.pathsep.join(sys.path))
-  return subprocess.run(_binary(name) + list(args), capture_output=True,
-                        text=True, env=env, timeout=300, check=False)
-
-
-# TensorFlow's C++ start-up notices (glog format, printed before its logging
-# is configured) are not ours to count.
-_TF_NOTICE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
-
-
-def _our_lines(stderr):
-  return [line for line in stderr.splitlines() if not _TF_NOTICE.match(line)]
-
-
-def _error_lines(stderr):
-  return [line for line in _our_lines(stderr) if "error" in line.lower()]
-
-
-class TrainCliTest(tf.test.TestCase):
-
-  def assertOneLineError(self, result, *expected):
-    self.assertNotEqual(result.returncode, 0, result.stderr)
-    self.assertNotIn("Traceback", result.stderr)
-    errors = _error_lines(result.stderr)
-    self.assertLen(errors, 1, result.stderr)
-    self.assertTrue(errors[0].startswith("train: error: "), errors[0])
-    self.assertEqual(_our_lines(result.stderr.strip())[-1], errors[0])
-    for text in expected:
-      self.assertIn(text, errors[0])
+class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
 
   def _existing_run(self):
     """A train_dir holding checkpoint files that must survive bad input."""
@@ -73,14 +30,14 @@ class TrainCliTest(tf.test.TestCase):
         self.assertEqual(f.read(), data, name)
 
   def testHelpfullListsTheFlags(self):
-    result = _run("train", "--helpfull")
+    result = binaries.run("train", "--helpfull")
     self.assertEqual(result.returncode, 0, result.stderr)
     for flag in ("--num_towers", "--inject_nonfinite", "--max_consecutive_skips",
                  "increment_global_step_on_skip", "--train_dir"):
       self.assertIn(flag, result.stdout)
 
   def testUnknownFlag(self):
-    self.assertOneLineError(_run("train", "--no_such_flag=1"),
+    self.assertOneLineError(binaries.run("train", "--no_such_flag=1"),
                             "no_such_flag")
 
   def testBadFlagValues(self):
@@ -98,7 +55,7 @@ class TrainCliTest(tf.test.TestCase):
     ]
     for args, expected in cases:
       with self.subTest(args=args):
-        result = _run("train", "--train_dir=" + train_dir, *args)
+        result = binaries.run("train", "--train_dir=" + train_dir, *args)
         self.assertOneLineError(result, expected)
         self.assertUntouched(train_dir, contents)
 
@@ -119,8 +76,8 @@ class TrainCliTest(tf.test.TestCase):
     ]
     for data_arg, expected in cases:
       with self.subTest(data_arg=data_arg):
-        result = _run("train", "--train_dir=" + train_dir,
-                      "--dataset=cifar10", data_arg)
+        result = binaries.run("train", "--train_dir=" + train_dir,
+                              "--dataset=cifar10", data_arg)
         self.assertOneLineError(result, expected)
         self.assertUntouched(train_dir, contents)
 
@@ -128,20 +85,17 @@ class TrainCliTest(tf.test.TestCase):
     blocker = os.path.join(self.get_temp_dir(), "a_file")
     with open(blocker, "w") as f:
       f.write("not a directory")
-    result = _run("train", "--train_dir=" + os.path.join(blocker, "run"))
+    result = binaries.run("train",
+                          "--train_dir=" + os.path.join(blocker, "run"))
     self.assertOneLineError(result, "--train_dir", "not writable")
 
 
   def testRelativeTrainDirResolvesAgainstBuildWorkingDirectory(self):
     user_dir = os.path.join(self.get_temp_dir(), "user")
     os.makedirs(user_dir)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(sys.path),
-               BUILD_WORKING_DIRECTORY=user_dir)
-    result = subprocess.run(
-        _binary("train") + ["--train_dir=runs/a", "--max_steps=1",
-                            "--batch_size=2", "--num_towers=1"],
-        capture_output=True, text=True, env=env, timeout=300, check=False)
+    result = binaries.run("train", "--train_dir=runs/a", "--max_steps=1",
+                          "--batch_size=2", "--num_towers=1",
+                          BUILD_WORKING_DIRECTORY=user_dir)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertTrue(os.path.exists(
         os.path.join(user_dir, "runs", "a", "run_summary.json")))
@@ -150,10 +104,10 @@ class TrainCliTest(tf.test.TestCase):
 class EvalCliTest(tf.test.TestCase):
 
   def testMissingCheckpoint(self):
-    result = _run("eval", "--train_dir=" + self.get_temp_dir())
+    result = binaries.run("eval", "--train_dir=" + self.get_temp_dir())
     self.assertNotEqual(result.returncode, 0)
     self.assertNotIn("Traceback", result.stderr)
-    self.assertEqual(_error_lines(result.stderr),
+    self.assertEqual(binaries.error_lines(result.stderr),
                      ["eval: error: no checkpoint in --train_dir=%s" %
                       self.get_temp_dir()])
 

@@ -2,14 +2,12 @@
 
 import json
 import os
-import re
 import socket
-import subprocess
-import sys
 import time
 
 import tensorflow as tf
 
+import binaries
 from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import injection
 from tf1_safe_train import params as params_lib
@@ -274,54 +272,8 @@ class WorkerGraphTest(tf.test.TestCase):
                                               read_value=False)])
 
 
-# --- The binary, as users run it (helpers as in cli_test.py). ---
-
-
-def _binary(name):
-  """The Bazel-built binary when run by `bazel test`, else the module."""
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
-                        "tf1_safe_train", name)
-    if os.path.exists(path):
-      return [path]
-  return [sys.executable, "-m", "tf1_safe_train." + name]
-
-
-def _run(name, *args, tf_config=None, timeout=300):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=os.pathsep.join(sys.path))
-  env.pop("TF_CONFIG", None)
-  if tf_config is not None:
-    env["TF_CONFIG"] = tf_config
-  return subprocess.run(_binary(name) + list(args), capture_output=True,
-                        text=True, env=env, timeout=timeout, check=False)
-
-
-_TF_NOTICE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
-
-
-def _our_lines(stderr):
-  return [line for line in stderr.splitlines() if not _TF_NOTICE.match(line)]
-
-
-def _error_lines(stderr):
-  return [line for line in _our_lines(stderr) if "error" in line.lower()]
-
-
-class ClusterCliTest(tf.test.TestCase):
-
-  def assertOneLineError(self, result, *expected, exit_code=None):
-    self.assertNotEqual(result.returncode, 0, result.stderr)
-    if exit_code is not None:
-      self.assertEqual(result.returncode, exit_code, result.stderr)
-    self.assertNotIn("Traceback", result.stderr)
-    errors = _error_lines(result.stderr)
-    self.assertLen(errors, 1, result.stderr)
-    self.assertTrue(errors[0].startswith("train: error: "), errors[0])
-    self.assertEqual(_our_lines(result.stderr.strip())[-1], errors[0])
-    for text in expected:
-      self.assertIn(text, errors[0])
+class ClusterCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
+  """The binary as users run it: cluster errors in one line."""
 
   def testBadClusterSpecs(self):
     train_dir = os.path.join(self.get_temp_dir(), "untouched")
@@ -343,33 +295,34 @@ class ClusterCliTest(tf.test.TestCase):
     for env, args, expected in cases:
       with self.subTest(args=args, env=env):
         start = time.monotonic()
-        self.assertOneLineError(_run("train", *(flags + args), **env),
+        self.assertOneLineError(binaries.run("train", *(flags + args), **env),
                                 expected, exit_code=2)
         # Checked before TensorFlow is imported, let alone a server started.
         self.assertLess(time.monotonic() - start, 60)
         self.assertFalse(os.path.exists(train_dir))
 
   def testWorkerSelectorOutOfRange(self):
-    result = _run("train", "--train_dir=" + self.get_temp_dir(),
-                  "--inject_nonfinite=nan@3:0/2",
-                  tf_config=_tf_config(task_type="ps"))
+    result = binaries.run("train", "--train_dir=" + self.get_temp_dir(),
+                          "--inject_nonfinite=nan@3:0/2",
+                          tf_config=_tf_config(task_type="ps"))
     self.assertOneLineError(result, "WORKER 2 out of range, there are 2",
                             exit_code=2)
 
   def testSyncReplicasWithoutGlobalStepOnSkip(self):
-    result = _run("train", "--train_dir=" + self.get_temp_dir(),
-                  "--sync_replicas", "--noincrement_global_step_on_skip",
-                  tf_config=_tf_config())
+    result = binaries.run("train", "--train_dir=" + self.get_temp_dir(),
+                          "--sync_replicas",
+                          "--noincrement_global_step_on_skip",
+                          tf_config=_tf_config())
     self.assertOneLineError(result, "--sync_replicas needs", exit_code=2)
 
   def testUnreachablePsAfterBoundedWait(self):
     worker_port, ps_port = _closed_port(), _closed_port()
     start = time.monotonic()
-    result = _run("train", "--train_dir=" + self.get_temp_dir(),
-                  "--ps_hosts=127.0.0.1:%d" % ps_port,
-                  "--worker_hosts=127.0.0.1:%d" % worker_port,
-                  "--job_name=worker", "--startup_timeout_secs=2",
-                  timeout=120)
+    result = binaries.run("train", "--train_dir=" + self.get_temp_dir(),
+                          "--ps_hosts=127.0.0.1:%d" % ps_port,
+                          "--worker_hosts=127.0.0.1:%d" % worker_port,
+                          "--job_name=worker", "--startup_timeout_secs=2",
+                          timeout=120)
     self.assertOneLineError(
         result, "ps 0 at 127.0.0.1:%d is unreachable after 2s" % ps_port,
         exit_code=1)
@@ -381,11 +334,11 @@ class ClusterCliTest(tf.test.TestCase):
         s.bind(("127.0.0.1", 0))
         s.listen(1)
       busy_port = busy.getsockname()[1]
-      result = _run("train", "--train_dir=" + self.get_temp_dir(),
-                    "--ps_hosts=127.0.0.1:%d" % ps.getsockname()[1],
-                    "--worker_hosts=127.0.0.1:%d" % busy_port,
-                    "--job_name=worker", "--startup_timeout_secs=5",
-                    timeout=120)
+      result = binaries.run("train", "--train_dir=" + self.get_temp_dir(),
+                            "--ps_hosts=127.0.0.1:%d" % ps.getsockname()[1],
+                            "--worker_hosts=127.0.0.1:%d" % busy_port,
+                            "--job_name=worker", "--startup_timeout_secs=5",
+                            timeout=120)
     self.assertOneLineError(
         result, "cannot start the gRPC server of worker 0 at 127.0.0.1:%d" %
         busy_port, exit_code=1)

@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 import tensorflow as tf
 
+import binaries
 from tf1_safe_train import local_cluster
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import replicas
@@ -31,25 +32,6 @@ _RUN_TIMEOUT_SECS = 240
 _COUNTERS = {"global_step", "applied_steps", "skipped_steps",
              "consecutive_skips", "max_consecutive_skips_seen",
              "nonfinite_steps_by_tower"}
-
-
-def _binary(name):
-  """The Bazel-built binary when run by `bazel test`, else the module."""
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
-                        "tf1_safe_train", name)
-    if os.path.exists(path):
-      return [path]
-  return [sys.executable, "-m", "tf1_safe_train." + name]
-
-
-def _env(**extra):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=os.pathsep.join(sys.path), **extra)
-  if "TF_CONFIG" not in extra:
-    env.pop("TF_CONFIG", None)
-  return env
 
 
 def _processes_with(marker):
@@ -123,11 +105,12 @@ class DistributedTrainTest(tf.test.TestCase):
 
   def _local_cluster(self, train_dir, *flags):
     """Runs //:local_cluster; returns (exit code, stdout, stderr)."""
-    command = _binary("local_cluster") + [
+    command = binaries.command("local_cluster") + [
         "--num_ps=1", "--num_workers=2", "--stop_grace_secs=30", "--",
         "--train_dir=" + train_dir] + list(_TRAIN_FLAGS) + list(flags)
-    process = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=binaries.env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
       out, err = process.communicate(timeout=_RUN_TIMEOUT_SECS)
     finally:
@@ -227,8 +210,9 @@ class DistributedTrainTest(tf.test.TestCase):
                               "task": {"type": job, "index": index}})
       with open(logs[name], "w") as log:
         processes[name] = subprocess.Popen(
-            _binary("train") + flags, env=_env(TF_CONFIG=tf_config),
-            stdout=log, stderr=subprocess.STDOUT)
+            binaries.command("train") + flags,
+            env=binaries.env(tf_config=tf_config), stdout=log,
+            stderr=subprocess.STDOUT)
 
     def log_of(name):
       with open(logs[name]) as f:
@@ -393,8 +377,9 @@ class LocalClusterLauncherTest(tf.test.TestCase):
     script = ("import sys\nfrom tf1_safe_train import local_cluster\n"
               "local_cluster.LocalCluster(1, 2, lambda t: [sys.executable, "
               "'-c', %r, %r]).run()\n" % (_FAKE_TASK, marker))
-    launcher = subprocess.Popen([sys.executable, "-c", script], env=_env(),
-                                stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", script],
+                                env=binaries.env(), stdout=subprocess.PIPE,
+                                text=True)
     try:
       for _ in range(3):
         self.assertIn("hello from", launcher.stdout.readline())
@@ -411,9 +396,7 @@ class LocalClusterLauncherTest(tf.test.TestCase):
     self.assertEqual(left, [])
 
   def testRejectsClusterFlagsInOneLine(self):
-    result = subprocess.run(
-        _binary("local_cluster") + ["--", "--job_name=ps"], env=_env(),
-        capture_output=True, text=True, timeout=120, check=False)
+    result = binaries.run("local_cluster", "--", "--job_name=ps", timeout=120)
     self.assertEqual(result.returncode, 2, result.stderr)
     self.assertEqual(result.stderr.strip().splitlines()[-1],
                      "local_cluster: error: --job_name is set by "

@@ -1,18 +1,16 @@
 """Tests for tf1_safe_train.optimizer.SkipNonFiniteOptimizer."""
 
-import contextlib
 import itertools
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+import optimizer_test_util as test_util
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
-
-_NAN = float("nan")
 
 # name -> (factory, slot names it must create). Non-slot accumulators (Adam's
 # beta powers) are found through opt.variables().
@@ -53,45 +51,6 @@ _CONFIGS = {
     "CondV1RefVariables": (False, False),
 }
 
-_GOOD_X = np.array([0.5, -1.5, 2.0], np.float32)
-_GOOD_X2 = np.array([1.25, 0.75, -0.5], np.float32)
-_NAN_X = np.array([0.5, _NAN, 2.0], np.float32)
-
-
-@contextlib.contextmanager
-def _tf_config(control_flow_v2=True, resource_variables=True):
-  """Sets the cond implementation and variable kind; restores them after."""
-  old_cf = tf1.control_flow_v2_enabled()
-  old_rv = tf1.resource_variables_enabled()
-  try:
-    (tf1.enable_control_flow_v2 if control_flow_v2 else
-     tf1.disable_control_flow_v2)()
-    (tf1.enable_resource_variables if resource_variables else
-     tf1.disable_resource_variables)()
-    yield
-  finally:
-    (tf1.enable_control_flow_v2 if old_cf else tf1.disable_control_flow_v2)()
-    (tf1.enable_resource_variables if old_rv else
-     tf1.disable_resource_variables)()
-
-
-def _model(x, scope="model"):
-  """A 3-vector and a scalar; every gradient is NaN if x holds a NaN."""
-  with tf1.variable_scope(scope):
-    w = tf1.get_variable("w", initializer=tf.constant([0.25, -0.5, 1.0]))
-    b = tf1.get_variable("b", initializer=tf.constant(0.125))
-  loss = (tf.reduce_sum(tf.square(w * x - 1.0)) +
-          tf.square(b - tf.reduce_mean(x)))
-  return loss, [w, b]
-
-
-def _snapshot(sess, exclude=()):
-  """Values of every global variable but `exclude`, by name."""
-  excluded = {v.op.name for v in exclude}
-  variables = [v for v in tf1.global_variables() if v.op.name not in excluded]
-  return dict(zip([v.op.name for v in variables], sess.run(variables)))
-
-
 def _assert_bit_identical(test, expected, actual):
   test.assertEqual(sorted(expected), sorted(actual))
   test.assertNotEmpty(expected)
@@ -121,7 +80,7 @@ class _SkipAxesMixin(object):
     make, slot_names = _OPTIMIZERS[opt_name]
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, var_list = _model(x)
+      loss, var_list = test_util.model(x)
       global_step = tf1.train.get_or_create_global_step()
       opt = optimizer_lib.SkipNonFiniteOptimizer(make())
       train_op = opt.minimize(loss, global_step=global_step)
@@ -133,9 +92,9 @@ class _SkipAxesMixin(object):
           2 if opt_name == "Adam" else 0))
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        initial = _snapshot(sess, exclude)
-        sess.run(train_op, {x: _GOOD_X})
-        after_good = _snapshot(sess, exclude)
+        initial = test_util.snapshot(sess, exclude)
+        sess.run(train_op, {x: test_util.GOOD_X})
+        after_good = test_util.snapshot(sess, exclude)
         self.assertEqual([1, 0, 0, 1], sess.run(exclude))
         # Every model and optimizer variable is in the snapshot, and the good
         # step moved the model.
@@ -147,12 +106,12 @@ class _SkipAxesMixin(object):
         for name in opt_vars:
           self.assertTrue(np.isfinite(after_good[name]).all(), name)
 
-        sess.run(train_op, {x: _NAN_X})
-        after_nan = _snapshot(sess, exclude)
+        sess.run(train_op, {x: test_util.NAN_X})
+        after_nan = test_util.snapshot(sess, exclude)
         _assert_bit_identical(self, after_good, after_nan)
         self.assertEqual([1, 1, 1, 2], sess.run(exclude))
 
-        sess.run(train_op, {x: _GOOD_X2})
+        sess.run(train_op, {x: test_util.GOOD_X2})
         self.assertEqual([2, 1, 0, 3], sess.run(exclude))
         for var in var_list:
           self.assertFalse(np.array_equal(after_nan[var.op.name],
@@ -162,8 +121,8 @@ class _SkipAxesMixin(object):
     make, _ = _OPTIMIZERS[opt_name]
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      guarded_loss, guarded_vars = _model(x, "guarded")
-      plain_loss, plain_vars = _model(x, "plain")
+      guarded_loss, guarded_vars = test_util.model(x, "guarded")
+      plain_loss, plain_vars = test_util.model(x, "plain")
       guarded_opt = optimizer_lib.SkipNonFiniteOptimizer(make())
       plain_opt = make()
       guarded_op = guarded_opt.minimize(guarded_loss, var_list=guarded_vars)
@@ -178,7 +137,7 @@ class _SkipAxesMixin(object):
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = sess.run(guarded_vars)
-        for batch in (_GOOD_X, _GOOD_X2, _GOOD_X):
+        for batch in (test_util.GOOD_X, test_util.GOOD_X2, test_util.GOOD_X):
           sess.run(guarded_op, {x: batch})
           sess.run(plain_op, {x: batch})
         guarded_values, plain_values = sess.run([guarded_all, plain_all])
@@ -209,7 +168,7 @@ class EveryOptimizerTest(tf.test.TestCase, parameterized.TestCase,
     for wrap in (False, True):
       with tf.Graph().as_default():
         x = tf1.placeholder(tf.float32, [3])
-        loss, _ = _model(x)
+        loss, _ = test_util.model(x)
         global_step = tf1.train.get_or_create_global_step()
         opt = make()
         if wrap:
@@ -230,14 +189,14 @@ class OtherConfigsTest(tf.test.TestCase, parameterized.TestCase,
       ("%s%s" % (opt, cfg), opt, cfg)
       for opt, cfg in itertools.product(_REPRESENTATIVE, sorted(_CONFIGS))])
   def testSkipsWhenGradHasNan(self, opt_name, config):
-    with _tf_config(*_CONFIGS[config]):
+    with test_util.tf_config(*_CONFIGS[config]):
       self._checkNanStepChangesNothing(opt_name)
 
   @parameterized.named_parameters(*[
       ("%s%s" % (opt, cfg), opt, cfg)
       for opt, cfg in itertools.product(_REPRESENTATIVE, sorted(_CONFIGS))])
   def testAppliesWhenAllFiniteLikeUnwrapped(self, opt_name, config):
-    with _tf_config(*_CONFIGS[config]):
+    with test_util.tf_config(*_CONFIGS[config]):
       self._checkAppliedStepEqualsUnwrapped(opt_name)
 
   def testConfigIsInEffect(self):
@@ -245,10 +204,10 @@ class OtherConfigsTest(tf.test.TestCase, parameterized.TestCase,
     configs = dict(_CONFIGS, Default=(True, True))
     for config in sorted(configs):
       control_flow_v2, resource_variables = configs[config]
-      with _tf_config(control_flow_v2, resource_variables):
+      with test_util.tf_config(control_flow_v2, resource_variables):
         with tf.Graph().as_default() as graph:
           x = tf1.placeholder(tf.float32, [3])
-          loss, var_list = _model(x)
+          loss, var_list = test_util.model(x)
           optimizer_lib.SkipNonFiniteOptimizer(
               tf1.train.MomentumOptimizer(0.1, 0.9)).minimize(loss)
           op_types = {op.type for op in graph.get_operations()}
@@ -279,7 +238,7 @@ class WrapperApiTest(tf.test.TestCase):
   def testMinimizeWithGlobalStepAndVarList(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, (w, b) = _model(x)
+      loss, (w, b) = test_util.model(x)
       global_step = tf1.train.get_or_create_global_step()
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.5))
@@ -288,20 +247,21 @@ class WrapperApiTest(tf.test.TestCase):
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         w0, b0 = sess.run([w, b])
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         w1, b1 = sess.run([w, b])
         # d/dw sum((w*x - 1)^2) = 2 x (w x - 1).
-        self.assertAllClose(w0 - 0.5 * 2 * _GOOD_X * (w0 * _GOOD_X - 1), w1)
+        self.assertAllClose(
+            w0 - 0.5 * 2 * test_util.GOOD_X * (w0 * test_util.GOOD_X - 1), w1)
         self.assertTrue(np.array_equal(b0, b1))
         self.assertEqual(1, sess.run(global_step))
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         self.assertTrue(np.array_equal(w1, sess.run(w)))
         self.assertEqual(2, sess.run(global_step))
 
   def testIncrementGlobalStepOnSkipFalse(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       global_step = tf1.train.get_or_create_global_step()
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1),
@@ -310,7 +270,8 @@ class WrapperApiTest(tf.test.TestCase):
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         steps = []
-        for batch in (_GOOD_X, _NAN_X, _NAN_X, _GOOD_X2):
+        for batch in (test_util.GOOD_X, test_util.NAN_X, test_util.NAN_X,
+                      test_util.GOOD_X2):
           sess.run(train_op, {x: batch})
           steps.append(sess.run(global_step))
         self.assertEqual([1, 1, 1, 2], steps)
@@ -318,7 +279,7 @@ class WrapperApiTest(tf.test.TestCase):
   def testComputeGradientsAndSlotsDelegate(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, (w, b) = _model(x)
+      loss, (w, b) = test_util.model(x)
       inner = tf1.train.AdamOptimizer(0.01)
       opt = optimizer_lib.SkipNonFiniteOptimizer(inner)
       self.assertIs(inner, opt.wrapped_optimizer)
@@ -343,16 +304,16 @@ class WrapperApiTest(tf.test.TestCase):
     path = self.get_temp_dir() + "/unwrapped"
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       train_op = tf1.train.AdamOptimizer(0.01).minimize(loss)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
-        saved = _snapshot(sess)
+        sess.run(train_op, {x: test_util.GOOD_X})
+        saved = test_util.snapshot(sess)
         tf1.train.Saver().save(sess, path)
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       train_op = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.AdamOptimizer(0.01)).minimize(loss)
       counters = list(counters_lib.skip_counters())
@@ -361,14 +322,14 @@ class WrapperApiTest(tf.test.TestCase):
       with tf1.Session() as sess:
         sess.run(tf1.variables_initializer(counters))
         tf1.train.Saver(old_variables).restore(sess, path)
-        _assert_bit_identical(self, saved, _snapshot(sess, counters))
-        sess.run(train_op, {x: _NAN_X})
-        _assert_bit_identical(self, saved, _snapshot(sess, counters))
+        _assert_bit_identical(self, saved, test_util.snapshot(sess, counters))
+        sess.run(train_op, {x: test_util.NAN_X})
+        _assert_bit_identical(self, saved, test_util.snapshot(sess, counters))
 
   def testAppliedIsTrueOnFiniteStepAndFalseOnNanStep(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.MomentumOptimizer(0.1, 0.9))
       with self.assertRaisesRegex(ValueError, "has not been called"):
@@ -380,9 +341,10 @@ class WrapperApiTest(tf.test.TestCase):
                     tf1.get_collection(optimizer_lib.GUARD_RESULTS))
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        self.assertTrue(sess.run([train_op, applied], {x: _GOOD_X})[1])
-        self.assertFalse(sess.run([train_op, applied], {x: _NAN_X})[1])
-        self.assertTrue(sess.run([train_op, applied], {x: _GOOD_X2})[1])
+        self.assertTrue(sess.run([train_op, applied], {x: test_util.GOOD_X})[1])
+        self.assertFalse(sess.run([train_op, applied], {x: test_util.NAN_X})[1])
+        self.assertTrue(
+            sess.run([train_op, applied], {x: test_util.GOOD_X2})[1])
 
 
 class SparseGradientTest(tf.test.TestCase, parameterized.TestCase):
@@ -410,15 +372,16 @@ class SparseGradientTest(tf.test.TestCase, parameterized.TestCase):
       counters = list(counters_lib.skip_counters())
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        initial = _snapshot(sess, counters)
+        initial = test_util.snapshot(sess, counters)
         sess.run(train_op, {scale: 1.5})
-        after_good = _snapshot(sess, counters)
+        after_good = test_util.snapshot(sess, counters)
         self.assertFalse(np.array_equal(initial["table"], after_good["table"]))
         # Rows 0, 2 and 4 have no gradient: the sparse update leaves them.
         self.assertTrue(np.array_equal(initial["table"][[0, 2, 4]],
                                        after_good["table"][[0, 2, 4]]))
-        sess.run(train_op, {scale: _NAN})
-        _assert_bit_identical(self, after_good, _snapshot(sess, counters))
+        sess.run(train_op, {scale: test_util.NAN})
+        _assert_bit_identical(self, after_good,
+                              test_util.snapshot(sess, counters))
         self.assertEqual([1, 1, 1], sess.run(counters))
 
 

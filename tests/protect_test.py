@@ -1,21 +1,16 @@
 """Tests for ops outside the decision: `SkipNonFiniteOptimizer.protect` and
 the default choice of `UPDATE_OPS`."""
 
-import contextlib
-
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+import optimizer_test_util as test_util
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 
-_NAN = float("nan")
-_GOOD_X = np.array([0.5, -1.5, 2.0], np.float32)
-_GOOD_X2 = np.array([1.25, 0.75, -0.5], np.float32)
-_NAN_X = np.array([0.5, _NAN, 2.0], np.float32)
 # (control flow v2, resource variables); the default is (True, True). Ref
 # variables only with cond v1, as `tf.compat.v1.disable_v2_behavior()` sets
 # them: under cond v2, TF 2.21's own ExponentialMovingAverage cannot
@@ -26,33 +21,6 @@ _CONFIGS = (
     ("CondV1", False, True),
     ("CondV1RefVariables", False, False),
 )
-
-
-@contextlib.contextmanager
-def _tf_config(control_flow_v2=True, resource_variables=True):
-  """Sets the cond implementation and variable kind; restores them after."""
-  old_cf = tf1.control_flow_v2_enabled()
-  old_rv = tf1.resource_variables_enabled()
-  try:
-    (tf1.enable_control_flow_v2 if control_flow_v2 else
-     tf1.disable_control_flow_v2)()
-    (tf1.enable_resource_variables if resource_variables else
-     tf1.disable_resource_variables)()
-    yield
-  finally:
-    (tf1.enable_control_flow_v2 if old_cf else tf1.disable_control_flow_v2)()
-    (tf1.enable_resource_variables if old_rv else
-     tf1.disable_resource_variables)()
-
-
-def _model(x, scope="model"):
-  """A 3-vector and a scalar; every gradient is NaN if x holds a NaN."""
-  with tf1.variable_scope(scope):
-    w = tf1.get_variable("w", initializer=tf.constant([0.25, -0.5, 1.0]))
-    b = tf1.get_variable("b", initializer=tf.constant(0.125))
-  loss = (tf.reduce_sum(tf.square(w * x - 1.0)) +
-          tf.square(b - tf.reduce_mean(x)))
-  return loss, [w, b]
 
 
 def _legacy_ema_step(x, protect=True, whole_train_op=True, update_ops=()):
@@ -67,7 +35,7 @@ def _legacy_ema_step(x, protect=True, whole_train_op=True, update_ops=()):
   Returns:
     (train_op, model variables, their EMA shadows, the optimizer).
   """
-  loss, var_list = _model(x)
+  loss, var_list = test_util.model(x)
   global_step = tf1.train.get_or_create_global_step()
   opt = optimizer_lib.SkipNonFiniteOptimizer(
       tf1.train.MomentumOptimizer(0.1, 0.9))
@@ -104,20 +72,20 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_CONFIGS)
   def testEmaShadowsBitIdenticalOnSkippedStep(self, cf_v2, resource):
-    with _tf_config(cf_v2, resource), tf.Graph().as_default():
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       train_op, var_list, averages, _ = _legacy_ema_step(x)
       self.assertEqual(resource, hasattr(averages[0], "handle"))
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = _values(sess, averages)
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         before = _values(sess, var_list + averages)
         for old, new in zip(initial, before[len(var_list):]):
           self.assertFalse(np.array_equal(old, new))
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, before, _values(sess, var_list + averages))
-        sess.run(train_op, {x: _GOOD_X2})
+        sess.run(train_op, {x: test_util.GOOD_X2})
         for old, new in zip(before, _values(sess, var_list + averages)):
           self.assertTrue(np.isfinite(new).all())
           self.assertFalse(np.array_equal(old, new))
@@ -130,9 +98,9 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       train_op, var_list, averages, _ = _legacy_ema_step(x, protect=False)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         weights, shadows = _values(sess, var_list), _values(sess, averages)
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, weights, _values(sess, var_list))
         for old, new in zip(shadows, _values(sess, averages)):
           self.assertFalse(np.array_equal(old, new))
@@ -143,9 +111,9 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       train_op, _, averages, _ = _legacy_ema_step(x, whole_train_op=False)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         shadows = _values(sess, averages)
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, shadows, _values(sess, averages))
 
   def testAppliedStepsEqualUnprotected(self):
@@ -156,7 +124,7 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
         train_op, var_list, averages, _ = _legacy_ema_step(x, protect)
         with tf1.Session() as sess:
           sess.run(tf1.global_variables_initializer())
-          for batch in (_GOOD_X, _GOOD_X2, _GOOD_X):
+          for batch in (test_util.GOOD_X, test_util.GOOD_X2, test_util.GOOD_X):
             sess.run(train_op, {x: batch})
           results.append(_values(sess, var_list + averages))
     _assert_bit_identical(self, results[1], results[0])
@@ -180,9 +148,9 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       global_step = tf1.train.get_global_step()
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         before = _values(sess, var_list + averages + [stat])
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, before,
                               _values(sess, var_list + averages + [stat]))
         self.assertEqual([1, 1, 1], sess.run(counters))
@@ -191,7 +159,7 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
   def testProtectsAnyWrittenVariable(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       seen = tf1.get_variable("examples_seen", initializer=tf.constant(0.0),
                               trainable=False)
       table = tf1.get_variable("table", initializer=tf.zeros([4]),
@@ -206,19 +174,19 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       train_op = opt.protect([apply_op, bookkeeping])
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         self.assertEqual(3.0, sess.run(seen))
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         self.assertEqual(3.0, sess.run(seen))
         self.assertTrue(np.array_equal([0.0, 1.0, 0.0, 0.0], sess.run(table)))
-        sess.run(train_op, {x: _GOOD_X2})
+        sess.run(train_op, {x: test_util.GOOD_X2})
         self.assertEqual(6.0, sess.run(seen))
         self.assertTrue(np.array_equal([0.0, 2.5, 0.0, 0.0], sess.run(table)))
 
   def testOpWritingNothingOfItsOwnAddsNoShadow(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      loss, var_list = _model(x)
+      loss, var_list = test_util.model(x)
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1))
       train_op = opt.protect(opt.minimize(
@@ -227,9 +195,9 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual("Operation", type(train_op).__name__)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         before = _values(sess, var_list)
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, before, _values(sess, var_list))
         self.assertEqual(2, sess.run(tf1.train.get_global_step()))
 
@@ -248,7 +216,7 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = _values(sess, averages)
-        for batch in (_GOOD_X, _GOOD_X2):
+        for batch in (test_util.GOOD_X, test_util.GOOD_X2):
           sess.run(train_op, {x: batch})
         saved = _values(sess, averages)
         tf1.train.Saver().save(sess, path)
@@ -261,7 +229,7 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         tf1.train.Saver().restore(sess, path)
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         after_nan = _values(sess, averages)
     _assert_bit_identical(self, saved, after_nan)
     for first, value in zip(initial, after_nan):
@@ -286,10 +254,10 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
   def _runs(self, train_op, x, runs):
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
-      sess.run(train_op, {x: _GOOD_X})
-      sess.run(train_op, {x: _GOOD_X2})
+      sess.run(train_op, {x: test_util.GOOD_X})
+      sess.run(train_op, {x: test_util.GOOD_X2})
       applied = sess.run(runs)
-      sess.run(train_op, {x: _NAN_X})
+      sess.run(train_op, {x: test_util.NAN_X})
       self.assertEqual(applied, sess.run(runs))  # Rolled back.
       return applied
 
@@ -300,7 +268,7 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       runs = _tower_update_ops()
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       first = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "tower_0")
       self.assertLen(first, 1)
       if grouped:
@@ -315,7 +283,7 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       runs = _tower_update_ops()
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1))
       train_op = opt.minimize(loss)
@@ -325,7 +293,7 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       runs = _tower_update_ops()
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1))
       with tf1.control_dependencies([tf.identity(x)]):
@@ -336,7 +304,7 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       runs = _tower_update_ops()
-      loss, _ = _model(x)
+      loss, _ = test_util.model(x)
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1),
           update_ops=tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "tower_1"))
@@ -347,9 +315,9 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
       # 1's count is rolled back: tower 0's moves on the skipped step.
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {x: _GOOD_X})
+        sess.run(train_op, {x: test_util.GOOD_X})
         self.assertEqual([1, 1], sess.run(runs))
-        sess.run(train_op, {x: _NAN_X})
+        sess.run(train_op, {x: test_util.NAN_X})
         self.assertEqual([2, 1], sess.run(runs))
 
 

@@ -1,10 +1,10 @@
 """The trainer as a process, and what it leaves in its --train_dir.
 
-Shared by the reliability tests: start `//:train` as a user would (the
-Bazel-built binary under `bazel test`, else `python -m`), signal it, and read
-the checkpoints and the run summary it writes. Checks are exact: the pure-Python
-twin of the fault drill (`injection.expected_injections`) says which steps must
-have been skipped.
+Shared by the reliability tests: start `//:train` as a user would (through
+`binaries`: the Bazel-built binary under `bazel test`, else `python -m`),
+signal it, and read the checkpoints and the run summary it writes. Checks are
+exact: the pure-Python twin of the fault drill
+(`injection.expected_injections`) says which steps must have been skipped.
 """
 
 import json
@@ -12,12 +12,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 
+import binaries
 from tf1_safe_train import injection
 
 tf1 = tf.compat.v1
@@ -33,31 +33,9 @@ SKIP_BOOKKEEPING = frozenset([
     "nonfinite_steps_by_tower", "max_consecutive_skips_seen",
 ])
 
-# TensorFlow's C++ start-up notices (glog format, printed before its logging
-# is configured) are not ours to count.
-_TF_NOTICE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
-
-
-def trainer_command():
-  """The Bazel-built `train` binary when run by `bazel test`, else the module."""
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"], "tf1_safe_train",
-                        "train")
-    if os.path.exists(path):
-      return [path]
-  return [sys.executable, "-m", "tf1_safe_train.train"]
-
-
-def _env():
-  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-              PYTHONPATH=os.pathsep.join(sys.path))
-
-
 def run_trainer(args, timeout=600):
   """Runs the trainer to its end; returns the `CompletedProcess` (text)."""
-  return subprocess.run(trainer_command() + list(args), capture_output=True,
-                        text=True, env=_env(), timeout=timeout, check=False)
+  return binaries.run("train", *args, timeout=timeout)
 
 
 def start_trainer(args, log_path):
@@ -71,9 +49,9 @@ def start_trainer(args, log_path):
     The `subprocess.Popen`; its pid is also its process group id.
   """
   with open(log_path, "ab") as log:
-    return subprocess.Popen(trainer_command() + list(args), stdout=log,
-                            stderr=subprocess.STDOUT, env=_env(),
-                            start_new_session=True)
+    return subprocess.Popen(binaries.command("train") + list(args),
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env=binaries.env(), start_new_session=True)
 
 
 def send(process, sig):
@@ -110,13 +88,9 @@ def read_text(path):
     return ""
 
 
-def our_lines(text):
-  """The output lines that are not TensorFlow's C++ start-up notices."""
-  return [line for line in text.splitlines() if not _TF_NOTICE.match(line)]
-
-
-def error_lines(text):
-  return [line for line in our_lines(text) if "error" in line.lower()]
+# The trainer's output read as every test of a binary reads it.
+our_lines = binaries.our_lines
+error_lines = binaries.error_lines
 
 
 def progress_steps(text):

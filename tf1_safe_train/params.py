@@ -27,6 +27,20 @@ def _check(condition, message, *args):
     raise ParamsError(message % args)
 
 
+def _check_one_of(name, value, choices):
+  _check(value in choices, "--%s=%r: must be one of %s", name, value,
+         ", ".join(choices))
+
+
+def _check_model_and_data(params, data_files):
+  """Checks the fields training and evaluation share: where and what."""
+  _check(bool(params.train_dir), "--train_dir must not be empty")
+  _check_one_of("model", params.model, MODELS)
+  _check_one_of("dataset", params.dataset, DATASETS)
+  _check(params.dataset != "cifar10" or bool(params.data_dir),
+         "--dataset=cifar10 needs --data_dir (the folder of %s)", data_files)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainParams(object):
   """Everything `train_lib.train` needs. Fields mirror the `//:train` flags."""
@@ -62,30 +76,18 @@ class TrainParams(object):
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
-    _check(bool(self.train_dir), "--train_dir must not be empty")
-    _check(self.model in MODELS, "--model=%r: must be one of %s", self.model,
-           ", ".join(MODELS))
-    _check(self.dataset in DATASETS, "--dataset=%r: must be one of %s",
-           self.dataset, ", ".join(DATASETS))
-    _check(self.dataset != "cifar10" or bool(self.data_dir),
-           "--dataset=cifar10 needs --data_dir (the folder of data_batch_*.bin)")
+    _check_model_and_data(self, "data_batch_*.bin")
     _check(_is_int(self.num_towers) and self.num_towers >= 1,
            "--num_towers=%r: must be an integer >= 1", self.num_towers)
-    _check(self.device in DEVICES, "--device=%r: must be one of %s",
-           self.device, ", ".join(DEVICES))
+    _check_one_of("device", self.device, DEVICES)
     _check(_is_int(self.batch_size) and self.batch_size >= 1,
            "--batch_size=%r: must be an integer >= 1 (per tower)",
            self.batch_size)
-    _check(self.optimizer in OPTIMIZERS, "--optimizer=%r: must be one of %s",
-           self.optimizer, ", ".join(OPTIMIZERS))
+    _check_one_of("optimizer", self.optimizer, OPTIMIZERS)
     _check(self.learning_rate > 0, "--learning_rate=%r: must be > 0",
            self.learning_rate)
-    _check(self.lr_schedule in LR_SCHEDULES,
-           "--lr_schedule=%r: must be one of %s", self.lr_schedule,
-           ", ".join(LR_SCHEDULES))
-    _check(self.lr_schedule_step in LR_STEPS,
-           "--lr_schedule_step=%r: must be one of %s", self.lr_schedule_step,
-           ", ".join(LR_STEPS))
+    _check_one_of("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+    _check_one_of("lr_schedule_step", self.lr_schedule_step, LR_STEPS)
     _check(self.weight_decay >= 0, "--weight_decay=%r: must be >= 0",
            self.weight_decay)
     _check(self.clip_gradient_norm >= 0,
@@ -105,11 +107,9 @@ class TrainParams(object):
       value = getattr(self, name)
       _check(_is_int(value) and value >= 1, "--%s=%r: must be an integer >= 1",
              name, value)
-    _check(self.inject_into in INJECT_INTO, "--inject_into=%r: must be one of %s",
-           self.inject_into, ", ".join(INJECT_INTO))
+    _check_one_of("inject_into", self.inject_into, INJECT_INTO)
     _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
-    _check(self.precision in PRECISIONS, "--precision=%r: must be one of %s",
-           self.precision, ", ".join(PRECISIONS))
+    _check_one_of("precision", self.precision, PRECISIONS)
     _check(self.initial_loss_scale >= 1,
            "--initial_loss_scale=%r: must be >= 1", self.initial_loss_scale)
     _check(_is_int(self.loss_scale_growth_steps) and
@@ -152,13 +152,7 @@ class EvalParams(object):
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
-    _check(bool(self.train_dir), "--train_dir must not be empty")
-    _check(self.model in MODELS, "--model=%r: must be one of %s", self.model,
-           ", ".join(MODELS))
-    _check(self.dataset in DATASETS, "--dataset=%r: must be one of %s",
-           self.dataset, ", ".join(DATASETS))
-    _check(self.dataset != "cifar10" or bool(self.data_dir),
-           "--dataset=cifar10 needs --data_dir (the folder of test_batch.bin)")
+    _check_model_and_data(self, "test_batch.bin")
     _check(_is_int(self.batch_size) and self.batch_size >= 1,
            "--batch_size=%r: must be an integer >= 1", self.batch_size)
     _check(_is_int(self.max_examples) and self.max_examples >= 0,

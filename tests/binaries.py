@@ -1,0 +1,105 @@
+"""The project's binaries as tests run them: found, started, their errors read.
+
+Under `bazel test` a binary is the Bazel-built one in the test's runfiles (the
+test lists it in its `data`); elsewhere it is `python -m tf1_safe_train.NAME`.
+Its stderr is read without TensorFlow's C++ start-up notices.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+# TensorFlow's C++ start-up notices (glog format, printed before its logging
+# is configured) are not ours to count.
+_TF_NOTICE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
+
+
+def command(name):
+  """The command line that starts binary `name` of tf1_safe_train.
+
+  Args:
+    name: the binary, e.g. "train", "eval" or "local_cluster".
+
+  Returns:
+    The Bazel-built binary when run by `bazel test`, else the module, as a
+    list of arguments.
+  """
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"],
+                        "tf1_safe_train", name)
+    if os.path.exists(path):
+      return [path]
+  return [sys.executable, "-m", "tf1_safe_train." + name]
+
+
+def env(tf_config=None, **extra):
+  """The environment of a binary: this one, quiet, on this `sys.path`.
+
+  An inherited TF_CONFIG is dropped, so a binary runs on one machine unless
+  the test says otherwise.
+
+  Args:
+    tf_config: the TF_CONFIG JSON to set, or None for none.
+    **extra: further variables to set.
+
+  Returns:
+    The environment, a new dict.
+  """
+  result = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=os.pathsep.join(sys.path), **extra)
+  result.pop("TF_CONFIG", None)
+  if tf_config is not None:
+    result["TF_CONFIG"] = tf_config
+  return result
+
+
+def run(name, *args, timeout=300, **env_args):
+  """Runs binary `name` with flags `args` to its end.
+
+  Args:
+    name: the binary, as for `command`.
+    *args: its arguments.
+    timeout: seconds before `subprocess.TimeoutExpired` is raised.
+    **env_args: passed to `env` (tf_config, extra variables).
+
+  Returns:
+    The `subprocess.CompletedProcess`, stdout and stderr as text.
+  """
+  return subprocess.run(command(name) + list(args), capture_output=True,
+                        text=True, env=env(**env_args), timeout=timeout,
+                        check=False)
+
+
+def our_lines(text):
+  """The output lines that are not TensorFlow's C++ start-up notices."""
+  return [line for line in text.splitlines() if not _TF_NOTICE.match(line)]
+
+
+def error_lines(text):
+  """Our output lines that mention an error."""
+  return [line for line in our_lines(text) if "error" in line.lower()]
+
+
+class OneLineErrorAssertions(object):
+  """`assertOneLineError` for a `tf.test.TestCase` running `train`."""
+
+  def assertOneLineError(self, result, *expected, exit_code=None):
+    """Checks that `result` failed with one "train: error: " line, last.
+
+    Args:
+      result: a `subprocess.CompletedProcess` of `run`.
+      *expected: texts the error line must contain.
+      exit_code: the exit code it must have, or None for any but 0.
+    """
+    self.assertNotEqual(result.returncode, 0, result.stderr)
+    if exit_code is not None:
+      self.assertEqual(result.returncode, exit_code, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    errors = error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertTrue(errors[0].startswith("train: error: "), errors[0])
+    self.assertEqual(our_lines(result.stderr.strip())[-1], errors[0])
+    for text in expected:
+      self.assertIn(text, errors[0])
