@@ -10,13 +10,13 @@ from tf1_safe_train import optimizer as optimizer_lib
 tf1 = tf.compat.v1
 
 
-def _build(growth_steps=3, initial_scale=8.0):
-  """A float16 model of one variable; `x` feeds the input."""
-  x = tf1.placeholder(tf.float16, [3])
+def _build(growth_steps=3, initial_scale=8.0, dtype=tf.float16):
+  """A model of one variable computing in `dtype`; `x` feeds the input."""
+  x = tf1.placeholder(dtype, [3])
   w = tf1.get_variable("w", initializer=tf.constant([1.0, 2.0, 3.0]))
   scale = loss_scale_lib.DynamicLossScale(
       initial_scale=initial_scale, growth_steps=growth_steps)
-  loss = tf.reduce_sum(tf.cast(w, tf.float16) * x)
+  loss = tf.reduce_sum(tf.cast(w, dtype) * x)
   opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
   scale_value = scale.scale()
   grads = opt.compute_gradients(scale.scale_loss(loss), var_list=[w])
@@ -92,10 +92,28 @@ class DynamicLossScaleTest(tf.test.TestCase):
         self.assertEqual(sess.run(scale.variables.scale), 32.0)
         self.assertEqual(sess.run(scale.variables.good_steps), 1)
 
+  def testNeverGrowsToInfinity(self):
+    # Growing 2**127 would give Inf: every later step would be non-finite and
+    # halving Inf gives Inf, so the run would skip forever.
+    with tf.Graph().as_default():
+      # float32: a scale this large is Inf in float16 already.
+      x, _, _, scale, result = _build(growth_steps=1, initial_scale=2.0**126,
+                                      dtype=tf.float32)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        scales = []
+        for _ in range(3):
+          sess.run(result.train_op, {x: [0.0, 0.0, 0.0]})
+          scales.append(float(sess.run(scale.variables.scale)))
+        self.assertEqual(scales, [2.0**127] * 3)
+        self.assertEqual(sess.run(scale.variables.good_steps), 0)
+
   def testRejectsBadSettings(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, "floor"):
         loss_scale_lib.DynamicLossScale(initial_scale=0.5, floor=1.0)
+      with self.assertRaisesRegex(ValueError, "inf"):
+        loss_scale_lib.DynamicLossScale(initial_scale=float("inf"))
       with self.assertRaisesRegex(ValueError, "growth_steps"):
         loss_scale_lib.DynamicLossScale(growth_steps=0)
 

@@ -101,6 +101,7 @@ class _SkipAxesMixin(object):
         for name in [v.op.name for v in var_list] + sorted(opt_vars):
           self.assertIn(name, after_good)
         for var in var_list:
+          self.assertTrue(np.isfinite(after_good[var.op.name]).all())
           self.assertFalse(np.array_equal(initial[var.op.name],
                                           after_good[var.op.name]))
         for name in opt_vars:
@@ -114,8 +115,9 @@ class _SkipAxesMixin(object):
         sess.run(train_op, {x: test_util.GOOD_X2})
         self.assertEqual([2, 1, 0, 3], sess.run(exclude))
         for var in var_list:
-          self.assertFalse(np.array_equal(after_nan[var.op.name],
-                                          sess.run(var)))
+          value = sess.run(var)
+          self.assertTrue(np.isfinite(value).all(), var.op.name)
+          self.assertFalse(np.array_equal(after_nan[var.op.name], value))
 
   def _checkAppliedStepEqualsUnwrapped(self, opt_name):
     make, _ = _OPTIMIZERS[opt_name]

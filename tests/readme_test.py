@@ -1,5 +1,6 @@
 """The README's promises that a test can check: its example runs as written."""
 
+import importlib
 import os
 import re
 import subprocess
@@ -39,6 +40,20 @@ class ReadmeTest(tf.test.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn("global_step 5 applied 4 skipped 1 finite True",
                   result.stdout)
+
+  def testEveryNameOfThePackageItMentionsExists(self):
+    names = sorted(set(re.findall(r"\btf1_safe_train((?:\.[A-Za-z_]\w*)+)",
+                                  _readme())))
+    self.assertIn(".GiveUpHook", names)
+    for name in names:
+      parts = name.lstrip(".").split(".")
+      value = importlib.import_module("tf1_safe_train")
+      for i, part in enumerate(parts):
+        if not hasattr(value, part):
+          # A submodule not imported yet, e.g. tf1_safe_train.guard.
+          importlib.import_module(".".join(["tf1_safe_train"] + parts[:i + 1]))
+        value = getattr(value, part)
+      self.assertTrue(callable(value), name)
 
   def testQuickStartCommandsAreThere(self):
     readme = _readme()

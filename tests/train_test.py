@@ -27,6 +27,17 @@ def _read_summary(train_dir):
     return json.load(f)
 
 
+def _scalars(train_dir, tag):
+  """(step, value) of each summary `tag` in `train_dir`, by step."""
+  values = {}
+  for path in tf1.gfile.Glob(os.path.join(train_dir, "events.*")):
+    for event in tf1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == tag:
+          values[event.step] = value.simple_value
+  return sorted(values.items())
+
+
 def _checkpoint_values(train_dir):
   reader = tf1.train.load_checkpoint(tf1.train.latest_checkpoint(train_dir))
   return {name: reader.get_tensor(name)
@@ -47,6 +58,27 @@ class TrainTest(tf.test.TestCase):
           params, towers.TowerConfig(params.num_towers, params.device))
       checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
       self.assertLen(checks, len(tf1.trainable_variables()))
+
+  def testLearningRateScheduleFollowsAppliedStepsByDefault(self):
+    # Step 1 is skipped. Summaries are logged under the global_step after
+    # the step (s + 1); the rate of step s comes from the schedule's step
+    # before step s ran.
+    rates = {}
+    for schedule_step in ("applied_steps", "global_step"):
+      train_dir = self._train_dir("lr_" + schedule_step)
+      train_lib.train(_params(
+          train_dir, num_towers=1, max_steps=4, save_summaries_steps=1,
+          lr_schedule="cosine", lr_schedule_step=schedule_step,
+          inject_nonfinite="nan@1:0"))
+      rates[schedule_step] = _scalars(train_dir, "learning_rate")
+    applied, by_global = rates["applied_steps"], rates["global_step"]
+    self.assertEqual([1, 2, 3, 4], [s for s, _ in applied])
+    # Skipped step 1 did not advance the schedule: steps 1 and 2 share a rate.
+    self.assertEqual(applied[1][1], applied[2][1])
+    self.assertGreater(applied[2][1], applied[3][1])
+    # On global_step, every step decays the rate.
+    self.assertGreater(by_global[1][1], by_global[2][1])
+    self.assertEqual(applied[3][1], by_global[2][1])
 
   def testTwoTowersSkipInjectedStepAndNameTowerAndVariable(self):
     train_dir = self._train_dir("two")

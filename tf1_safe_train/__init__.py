@@ -7,6 +7,7 @@ The public names are loaded on first use, so that `import tf1_safe_train.cli`
 import importlib
 
 _EXPORTS = {
+    "GiveUpHook": "tf1_safe_train.hooks",
     "SkipCounters": "tf1_safe_train.counters",
     "skip_counters": "tf1_safe_train.counters",
     "SkipNonFiniteOptimizer": "tf1_safe_train.optimizer",

@@ -72,7 +72,7 @@ class ProgressHook(tf1.train.SessionRunHook):
         step + 1, results["loss"], results["lr"],
         "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
         counters.applied_steps, counters.skipped_steps,
-        "  loss scale %g" % results["loss_scale"]
+        "  loss scale %s" % format_scale(results["loss_scale"])
         if "loss_scale" in results else "")
     if self._summary_dir and self.examples_per_sec:
       writer = tf1.summary.FileWriterCache.get(self._summary_dir)
@@ -80,6 +80,14 @@ class ProgressHook(tf1.train.SessionRunHook):
           tf1.Summary(value=[tf1.Summary.Value(
               tag="examples_per_sec", simple_value=self.examples_per_sec)]),
           step + 1)
+
+
+def format_scale(scale):
+  """A loss scale as printed: whole numbers in full (1048576, not 1.04858e+06)."""
+  scale = float(scale)
+  if scale.is_integer() and abs(scale) < 2.0**53:
+    return "%d" % scale
+  return "%g" % scale
 
 
 def describe_skip(step, tower_flags, average_flags, variable_names,
@@ -159,11 +167,11 @@ class SkipReportHook(tf1.train.SessionRunHook):
     if "loss_scale" in results:
       scale = float(results["loss_scale"])
       if scale > self._floor:
-        report += ("; loss-scale overflow at scale %g (expected: the scale "
-                   "halves)" % scale)
+        report += ("; loss-scale overflow at scale %s (expected: the scale "
+                   "halves)" % format_scale(scale))
       else:
-        report += ("; at the floor loss scale %g: a real fault (counts "
-                   "toward --max_consecutive_skips)" % scale)
+        report += ("; at the floor loss scale %s: a real fault (counts "
+                   "toward --max_consecutive_skips)" % format_scale(scale))
     self.reports.append(report)
     logging.warning("%s", report)
 

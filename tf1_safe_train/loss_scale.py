@@ -8,6 +8,7 @@ real faults, counted apart from expected overflows.
 """
 
 import collections
+import math
 
 import tensorflow as tf
 
@@ -49,9 +50,10 @@ class DynamicLossScale(object):
       ValueError: for a non-positive scale, floor or growth_steps, or an
         initial scale below the floor.
     """
-    if not floor > 0 or not initial_scale >= floor:
-      raise ValueError("loss scale: need 0 < floor <= initial_scale, got "
-                       "floor=%r initial_scale=%r" % (floor, initial_scale))
+    if (not floor > 0 or not initial_scale >= floor or
+        not math.isfinite(initial_scale)):
+      raise ValueError("loss scale: need 0 < floor <= initial_scale < inf, "
+                       "got floor=%r initial_scale=%r" % (floor, initial_scale))
     if int(growth_steps) != growth_steps or growth_steps < 1:
       raise ValueError("loss scale: growth_steps must be an integer >= 1, got "
                        "%r" % (growth_steps,))
@@ -111,13 +113,20 @@ class DynamicLossScale(object):
     return out
 
   def on_apply(self):
-    """Op for the apply branch: count a good step, grow the scale if due."""
+    """Op for the apply branch: count a good step, grow the scale if due.
+
+    The scale never grows past the largest finite float32 power of two
+    (2**127): an infinite scale would make every step non-finite, and
+    halving Inf gives Inf again.
+    """
     s = self._state
+    scale = s.scale.read_value()
     good = s.good_steps.read_value() + 1
     grow = good >= self._growth_steps
+    grown = scale * 2.0
     return tf.group(
-        tf1.assign(s.scale, tf.where(grow, s.scale.read_value() * 2.0,
-                                     s.scale.read_value())),
+        tf1.assign(s.scale, tf.where(
+            tf.logical_and(grow, tf.math.is_finite(grown)), grown, scale)),
         tf1.assign(s.good_steps, tf.where(grow, tf.zeros_like(good), good)),
         tf1.assign(s.floor_skips, tf.constant(0, tf.int64)),
         name="loss_scale_on_apply")

@@ -64,13 +64,28 @@ def learning_rate(schedule, base_rate, step, total_steps):
   raise ValueError("unknown learning-rate schedule %r" % (schedule,))
 
 
-def global_norm(tensors):
-  """The global L2 norm of `tensors`, without overflow for finite values.
+def _scaled_norm(tensors):
+  """(scale, n): the global L2 norm of `tensors` is scale * n, n in [1, sqrt(k)].
 
-  `tf.linalg.global_norm` squares the raw values, so finite gradients near the
-  float32 maximum give an infinite norm, and `tf.clip_by_global_norm` then
-  turns every gradient into NaN. Scaling by the largest magnitude first keeps
-  the sum of squares in range.
+  Squaring the raw values overflows for finite values above about 1.8e19;
+  dividing by the largest magnitude first keeps every square <= 1.
+  """
+  values = [tf.cast(t.values if isinstance(t, tf.IndexedSlices) else t,
+                    tf.float32) for t in tensors if t is not None]
+  scale = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(v)) for v in values]))
+  safe_scale = tf.where(scale > 0, scale, tf.ones_like(scale))
+  sum_squares = tf.add_n(
+      [tf.reduce_sum(tf.square(v / safe_scale)) for v in values])
+  return safe_scale, tf.sqrt(sum_squares)
+
+
+def global_norm(tensors):
+  """The global L2 norm of `tensors`, without overflow in the sum of squares.
+
+  `tf.linalg.global_norm` squares the raw values, so finite gradients above
+  about 1.8e19 give an infinite norm, and `tf.clip_by_global_norm` then turns
+  every gradient into NaN. The norm itself is Inf only if it exceeds the
+  float32 maximum (3.4e38).
 
   Args:
     tensors: list of Tensors or IndexedSlices (None entries ignored).
@@ -78,38 +93,49 @@ def global_norm(tensors):
   Returns:
     A float32 scalar tensor.
   """
-  values = [tf.cast(t.values if isinstance(t, tf.IndexedSlices) else t,
-                    tf.float32) for t in tensors if t is not None]
   with tf1.name_scope("global_norm"):
-    scale = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(v)) for v in values]))
-    safe_scale = tf.where(scale > 0, scale, tf.ones_like(scale))
-    sum_squares = tf.add_n(
-        [tf.reduce_sum(tf.square(v / safe_scale)) for v in values])
-    return safe_scale * tf.sqrt(sum_squares)
+    scale, norm = _scaled_norm(tensors)
+    return scale * norm
 
 
 def clip_by_global_norm(grads_and_vars, clip_norm):
   """Scales all gradients so that their global norm is at most `clip_norm`.
+
+  Exact for any finite gradients, even when their norm exceeds the float32
+  maximum: an over-long gradient g becomes (g / s) * (clip_norm / n), where
+  s * n is the norm, so no intermediate value overflows or underflows to 0
+  (a clipped step that zeroed the gradients would still move momentum and
+  Adam). Gradients within the norm pass through unchanged, bit for bit.
 
   Args:
     grads_and_vars: list of (gradient, variable); all gradients finite.
     clip_norm: positive float.
 
   Returns:
-    (clipped grads_and_vars, the global norm before clipping).
+    (clipped grads_and_vars, the global norm before clipping, Inf if beyond
+    the float32 maximum).
   """
   grads = [g for g, _ in grads_and_vars]
   with tf1.name_scope("clip_by_global_norm"):
-    norm = global_norm(grads)
-    factor = clip_norm / tf.maximum(norm, clip_norm)
+    scale, scaled_norm = _scaled_norm(grads)
+    norm = scale * scaled_norm
+    # Compared in the scaled space: norm > clip_norm even when norm is Inf.
+    over = scaled_norm > clip_norm / scale
+    one = tf.ones_like(scale)
+    divisor = tf.where(over, scale, one)
+    multiplier = tf.where(over, clip_norm / scaled_norm, one)
+
+    def clip(values):
+      return ((values / tf.cast(divisor, values.dtype)) *
+              tf.cast(multiplier, values.dtype))
+
     clipped = []
     for g, v in grads_and_vars:
       if g is None:
         clipped.append((g, v))
       elif isinstance(g, tf.IndexedSlices):
-        clipped.append((tf.IndexedSlices(
-            g.values * tf.cast(factor, g.values.dtype), g.indices,
-            g.dense_shape), v))
+        clipped.append((tf.IndexedSlices(clip(g.values), g.indices,
+                                         g.dense_shape), v))
       else:
-        clipped.append((g * tf.cast(factor, g.dtype), v))
+        clipped.append((clip(g), v))
   return clipped, norm
