@@ -10,7 +10,6 @@ results as a JSON-able dict.
 
 import collections
 from concurrent import futures
-import contextlib
 import dataclasses
 import json
 import os
@@ -199,42 +198,6 @@ def _build_skip_nonfinite(model, images, labels, learning_rate):
   return train_op, _no_skips()
 
 
-@contextlib.contextmanager
-def _trainer_input(images, labels):
-  """Makes the trainer read the fixed batch instead of its input pipeline.
-
-  `train_lib.build_train_graph` builds its own `data.get_dataset(...)`; the
-  benchmark swaps that one function while the graph is built, so the trainer
-  sees exactly the other variants' batch.
-
-  Args:
-    images: the fixed images.
-    labels: the fixed labels.
-
-  Yields:
-    Nothing.
-  """
-  original = data.get_dataset
-  calls = []
-
-  def get_dataset(name, split, batch_size, **unused_kwargs):
-    del name, split  # The benchmark's fixed batch replaces every dataset.
-    if batch_size != len(images):
-      raise ValueError("trainer asked for batches of %d, the fixed batch has "
-                       "%d" % (batch_size, len(images)))
-    calls.append(batch_size)
-    return _fixed_dataset(images, labels)
-
-  data.get_dataset = get_dataset
-  try:
-    yield
-  finally:
-    data.get_dataset = original
-  if not calls:
-    raise RuntimeError("train_lib.build_train_graph no longer reads its input "
-                       "through data.get_dataset; update _trainer_input")
-
-
 def _build_trainer(model, images, labels, learning_rate):
   """Variant 3: `train_lib.build_train_graph` with one CPU tower."""
   params = params_lib.TrainParams(
@@ -242,8 +205,10 @@ def _build_trainer(model, images, labels, learning_rate):
       optimizer="momentum", learning_rate=learning_rate,
       # The other variants' loss is the cross-entropy alone.
       weight_decay=0.0).validate()
-  with _trainer_input(images, labels):
-    graph = train_lib.build_train_graph(params, towers.TowerConfig(1, "cpu"))
+  graph = train_lib.build_train_graph(
+      params, towers.TowerConfig(1, "cpu"),
+      dataset_fn=lambda unused_batch_size, unused_seed: _fixed_dataset(
+          images, labels))
   return graph.train_op, _no_skips()
 
 

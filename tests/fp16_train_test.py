@@ -11,12 +11,12 @@ until the gradients fit, and it grows again after good steps.
 """
 
 import os
-from unittest import mock
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train import data
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import train_lib
 
@@ -30,15 +30,11 @@ _GROWTH_STEPS = 50
 _INITIAL_SCALE = 2.0**20
 
 
-def _shrunk_dataset(get_dataset):
-  """Wraps `data.get_dataset` to return images of _IMAGE_SIZE squared."""
-
-  def shrunk(*args, **kwargs):
-    return get_dataset(*args, **kwargs).map(
-        lambda images, labels: (tf.image.resize(
-            images, [_IMAGE_SIZE, _IMAGE_SIZE], method="area"), labels))
-
-  return shrunk
+def _shrunk_dataset(batch_size, seed):
+  """The synthetic training batches, images shrunk to _IMAGE_SIZE squared."""
+  return data.get_dataset("synthetic", "train", batch_size, seed=seed).map(
+      lambda images, labels: (tf.image.resize(
+          images, [_IMAGE_SIZE, _IMAGE_SIZE], method="area"), labels))
 
 
 def _scalars(train_dir, tag):
@@ -62,10 +58,8 @@ class Float16TrainingTest(tf.test.TestCase):
         initial_loss_scale=_INITIAL_SCALE,
         loss_scale_growth_steps=_GROWTH_STEPS, save_summaries_steps=10,
         save_checkpoints_steps=100000, log_every_n_steps=100).validate()
-    get_dataset = _shrunk_dataset(train_lib.data.get_dataset)
-    with mock.patch.object(train_lib.data, "get_dataset", get_dataset):
-      with self.assertLogs(logging.get_absl_logger(), "INFO") as logs:
-        summary = train_lib.train(params)
+    with self.assertLogs(logging.get_absl_logger(), "INFO") as logs:
+      summary = train_lib.train(params, dataset_fn=_shrunk_dataset)
 
     self.assertEqual("max_steps", summary["exit_reason"])
     self.assertEqual(_STEPS, summary["global_step"])

@@ -208,7 +208,8 @@ def _ordered_after(grads_and_vars, op):
   return ordered
 
 
-def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
+def build_train_graph(params, tower_config, worker_index=0, num_workers=None,
+                      dataset_fn=None):
   """Builds the training step in the default graph.
 
   Args:
@@ -221,6 +222,10 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
       `statistics_deltas`) and, with `params.sync_replicas`, the gradients
       of `num_workers` replicas are aggregated by `SyncReplicasOptimizer`
       and the chief decides on the aggregate.
+    dataset_fn: optional `dataset_fn(batch_size, seed)` returning the
+      training `tf.data.Dataset` of (float32 images [batch_size, H, W, 3],
+      int32 labels [batch_size]) batches, repeated; each tower takes its own
+      batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
 
   Returns:
     A `TrainGraph`.
@@ -261,9 +266,12 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None):
   with tf.device("/device:CPU:0"), tf1.name_scope("input"):
     # Each worker of a cluster shuffles its own way (worker 0 as on one
     # machine).
-    dataset = data.get_dataset(params.dataset, "train", params.batch_size,
-                               data_dir=params.data_dir,
-                               seed=params.seed + worker_index)
+    seed = params.seed + worker_index
+    if dataset_fn is None:
+      dataset = data.get_dataset(params.dataset, "train", params.batch_size,
+                                 data_dir=params.data_dir, seed=seed)
+    else:
+      dataset = dataset_fn(params.batch_size, seed)
     iterator = tf1.data.make_one_shot_iterator(dataset)
 
   tower_outputs = towers.build_towers(
@@ -428,7 +436,7 @@ def write_run_summary(train_dir, summary):
 
 
 def train(params, tower_config=None, master="", is_chief=True,
-          worker_index=0, extra_hooks=(), cluster=None):
+          worker_index=0, extra_hooks=(), cluster=None, dataset_fn=None):
   """Trains as `params` says and returns the run summary (a dict).
 
   Args:
@@ -442,6 +450,8 @@ def train(params, tower_config=None, master="", is_chief=True,
     extra_hooks: more `SessionRunHook`s.
     cluster: a `cluster.ClusterConfig` whose job is 'worker', to train as
       that worker of the cluster (this process starts its gRPC server).
+    dataset_fn: optional input pipeline in place of `params.dataset`'s (see
+      `build_train_graph`).
 
   Returns:
     The dict also written to `run_summary.json` (by the chief).
@@ -477,7 +487,8 @@ def train(params, tower_config=None, master="", is_chief=True,
     with (tf1.device(replicas.worker_device(cluster)) if cluster is not None
           else contextlib.nullcontext()):
       graph = build_train_graph(params, tower_config, worker_index,
-                                num_workers if cluster else None)
+                                num_workers if cluster else None,
+                                dataset_fn=dataset_fn)
       end_ops = replicas.end_of_run_ops(cluster, graph) if cluster else None
     if cluster is not None:
       graph = graph._replace(tower_devices=[
