@@ -54,6 +54,14 @@ class GetDatasetTest(_GraphTestCase):
       with self.assertRaisesRegex(ValueError, "2001 exceeds the 2000"):
         data.get_dataset("synthetic", "test", 2001)
 
+  def testNoAutotuningThread(self):
+    # Closing a session waits for tf.data's autotuning thread, which sleeps
+    # up to a minute: a finished run would hang at its end.
+    with tf.Graph().as_default():
+      for split in ("train", "test"):
+        dataset = data.get_dataset("synthetic", split, 8)
+        self.assertFalse(dataset.options().autotune.enabled, split)
+
   def testNumExamples(self):
     self.assertEqual(data.num_examples("synthetic", "train"), 10000)
     self.assertEqual(data.num_examples("synthetic", "test"), 2000)
@@ -186,6 +194,8 @@ class Cifar10Test(_GraphTestCase):
   def testTrainSplitAugmentsRepeatsAndKeepsShape(self):
     self.assertEqual(data.num_examples("cifar10", "train", self.data_dir), 15)
     make = lambda: data.get_dataset("cifar10", "train", 4, self.data_dir)
+    with tf.Graph().as_default():
+      self.assertFalse(make().options().autotune.enabled)
     batches = self._batches(make, num_batches=10)  # 40 > 15: repeats.
     self.assertLen(batches, 10)
     for images, labels in batches:
