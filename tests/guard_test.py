@@ -347,6 +347,42 @@ class GuardedApplyTest(tf.test.TestCase):
         sess.run(result.train_op, {batch: [_INF, _NAN]})
         self.assertTrue(np.array_equal(after_apply, sess.run(moving_mean)))
 
+  def testNonFiniteStatisticSkipsEvenBehindFiniteGradients(self):
+    for use_resource in (True, False):
+      with tf.Graph().as_default():
+        batch = tf1.placeholder(tf.float32, [2])
+        moving_var = tf1.get_variable(
+            "moving_var", initializer=tf.constant([1.0, 2.0]),
+            trainable=False, use_resource=use_resource)
+        # A variance computed in a way that can overflow: 1e20**2 is Inf.
+        update = tf1.assign_sub(
+            moving_var, (moving_var - tf.square(batch)) * (1 - 0.9))
+        w = tf1.get_variable("w", initializer=tf.constant([1.0, 2.0]),
+                             use_resource=use_resource)
+        grad = tf.constant([0.5, 0.5])  # always finite
+        result = guard.guarded_apply(
+            [(grad, w)],
+            tf1.train.GradientDescentOptimizer(0.1).apply_gradients,
+            update_ops=[update])
+        self.assertEqual(["moving_var"], result.update_variable_names)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          _, applied, flags = sess.run(
+              [result.train_op, result.applied, result.update_flags],
+              {batch: [1.0, 1.0]})
+          self.assertTrue(applied)
+          self.assertEqual([False], list(flags))
+          before = sess.run([moving_var, w])
+          _, applied, flags, grad_flags = sess.run(
+              [result.train_op, result.applied, result.update_flags,
+               result.nonfinite_flags], {batch: [1e20, 1.0]})
+          self.assertFalse(applied, use_resource)
+          self.assertEqual([True], list(flags))
+          self.assertEqual([False], list(grad_flags))
+          after = sess.run([moving_var, w])
+          for b, a in zip(before, after):
+            self.assertTrue(np.array_equal(b, a), (use_resource, b, a))
+
   def testGradientsOnTwoVirtualCpuDevices(self):
     config = tf1.ConfigProto(device_count={"CPU": 2})
     with tf.Graph().as_default():

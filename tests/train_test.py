@@ -51,13 +51,17 @@ class TrainTest(tf.test.TestCase):
 
   def testOneTowerChecksEachGradientOnce(self):
     # With one tower, the tower's flags and the decision's flags are of the
-    # same tensors: one finiteness check per variable, not two.
+    # same tensors: one finiteness check per gradient, not two, and one per
+    # batch-norm statistic written before the decision.
     params = _params(self._train_dir("graph"), num_towers=1, model="resnet20")
     with tf.Graph().as_default() as graph:
-      train_lib.build_train_graph(
+      step = train_lib.build_train_graph(
           params, towers.TowerConfig(params.num_towers, params.device))
       checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
-      self.assertLen(checks, len(tf1.trainable_variables()))
+      statistics = [n for n in step.variable_names if "moving_" in n]
+      self.assertLen(statistics, 38)  # 19 batch norms, mean and variance.
+      self.assertLen(checks, len(tf1.trainable_variables()) + len(statistics))
+      self.assertLen(step.variable_names, len(checks))
 
   def testLearningRateScheduleFollowsAppliedStepsByDefault(self):
     # Step 1 is skipped. Summaries are logged under the global_step after

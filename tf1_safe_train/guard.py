@@ -19,7 +19,8 @@ from tf1_safe_train import rollback
 tf1 = tf.compat.v1
 
 GuardResult = collections.namedtuple("GuardResult", [
-    "train_op", "applied", "nonfinite_flags", "variable_names", "counters"
+    "train_op", "applied", "nonfinite_flags", "variable_names", "counters",
+    "update_flags", "update_variable_names"
 ])
 GuardResult.__doc__ = """What `guarded_apply` built.
 
@@ -31,6 +32,11 @@ Attributes:
     the gradient held a NaN or an Inf), aligned with `variable_names`.
   variable_names: Python list of the checked variables' names.
   counters: `SkipCounters` of int64 tensors read after the step.
+  update_flags: bool vector tensor, one flag per floating-point variable
+    written by the update ops (e.g. a batch-norm moving statistic), True if
+    its value after them holds a NaN or an Inf; aligned with
+    `update_variable_names`.
+  update_variable_names: Python list of those variables' names.
 """
 
 
@@ -91,6 +97,22 @@ def is_nonfinite(grad):
 # Flags already built in a graph, by checked tensor. An attribute of the graph
 # (not a module-level map, whose values would keep every graph alive).
 _CHECKS_ATTRIBUTE = "_tf1_safe_train_nonfinite_checks"
+
+
+def _written_is_nonfinite(variable):
+  """Like is_nonfinite, of `variable`'s value read under the caller's deps.
+
+  A resource variable gets a new read. A ref variable's value is read by the
+  check itself from the variable's ref: Grappler may rewrite an Identity read
+  of a ref variable (`read_value()`) into the variable's cached snapshot,
+  which can run before the updates the caller's control dependencies name.
+  """
+  if _is_ref_variable(variable):
+    value = variable._ref()  # pylint: disable=protected-access
+  else:
+    value = variable.read_value()
+  with tf1.colocate_with(variable.op), tf1.name_scope("written_is_nonfinite"):
+    return tf.logical_not(tf.reduce_all(tf.math.is_finite(value)))
 
 
 def nonfinite_flags(grads):
@@ -171,8 +193,10 @@ def guarded_apply(grads_and_vars,
       if False only on applied steps.
     update_ops: ops built during the forward pass that write variables, e.g.
       batch-norm moving statistics from `UPDATE_OPS`. They run before the
-      decision, and on a skipped step the variables they wrote take back their
-      last applied value (see `rollback`).
+      decision, which also checks the values they wrote (a non-finite
+      statistic skips the step even behind finite gradients); on a skipped
+      step the variables they wrote take back their last applied value (see
+      `rollback`).
     extra_nonfinite: bool scalar tensors that also skip the step when True,
       e.g. one per tower from `count_nonfinite(tower_grads) > 0`.
     branch_ops: objects with `on_apply()` and `on_skip()` methods returning
@@ -199,9 +223,22 @@ def guarded_apply(grads_and_vars,
     nonfinite = tf.reduce_any(flags)
     for extra in extra_nonfinite:
       nonfinite = tf.logical_or(nonfinite, extra)
-    # The decision waits for the forward-pass updates, so the branches see
-    # (and save or undo) what they wrote.
-    with tf1.control_dependencies([rollback.as_op(u) for u in update_ops]):
+    # The decision checks the values the forward-pass updates wrote, and
+    # waits for those updates, so the branches see (and save or undo) them.
+    # Integer variables (e.g. counters an update op bumps) cannot be NaN.
+    checked_writes = [v for v in protected.variables
+                      if v.dtype.base_dtype.is_floating]
+    updates = [rollback.as_op(u) for u in update_ops]
+    if checked_writes:
+      with tf1.control_dependencies(updates):
+        update_flags = tf.stack([_written_is_nonfinite(v)
+                                 for v in checked_writes])
+      nonfinite = tf.logical_or(nonfinite, tf.reduce_any(update_flags))
+    else:
+      update_flags = tf.zeros([0], tf.bool)
+    # Built outside the block above, `nonfinite` gets the control inputs here
+    # (TF leaves them off an op whose inputs were built under them).
+    with tf1.control_dependencies(updates):
       all_finite = tf.logical_not(nonfinite, name="all_finite")
 
     def _apply_branch():
@@ -241,4 +278,6 @@ def guarded_apply(grads_and_vars,
       applied=applied,
       nonfinite_flags=flags,
       variable_names=[v.op.name for _, v in checked],
+      update_flags=update_flags,
+      update_variable_names=[v.op.name for v in checked_writes],
       counters=counters_lib.read_after(counters, train_op))

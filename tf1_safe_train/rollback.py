@@ -47,8 +47,8 @@ def _variable_ops(graph):
   return {v.op: v for v in variables}
 
 
-def written_variables(update_ops):
-  """Returns the variables written by `update_ops`, in a stable order.
+def find_writes(update_ops):
+  """Follows `update_ops` to the ops that write variables.
 
   Each update op is followed through identities, groups and reads until the
   ops that write a variable (`AssignSub` for the usual moving average, any
@@ -60,17 +60,19 @@ def written_variables(update_ops):
       `tf.compat.v1.GraphKeys.UPDATE_OPS`.
 
   Returns:
-    A list of variables.
+    (writes, others): `writes` lists (write op, variable) pairs in the order
+    found; `others` lists the ops reached that neither write a variable nor
+    pass through (for callers that accept only some kinds of update).
 
   Raises:
     ValueError: if an update op writes something that is not a variable of the
       graph's global or local variables collections.
   """
   if not update_ops:
-    return []
+    return [], []
   ops = [as_op(u) for u in update_ops]
   var_ops = _variable_ops(ops[0].graph)
-  found, seen, stack = {}, set(), list(reversed(ops))
+  writes, others, seen, stack = [], [], set(), list(reversed(ops))
   while stack:
     op = stack.pop()
     if op in seen:
@@ -85,10 +87,29 @@ def written_variables(update_ops):
             "update op %s writes %s, which is not a global or local variable "
             "and cannot be rolled back on a skipped step" % (op.name,
                                                              target.name))
-      found.setdefault(target.name, var_ops[target])
+      writes.append((op, var_ops[target]))
     elif op.type in _PASS_THROUGH_OP_TYPES:
       stack.extend(reversed([t.op for t in op.inputs] +
                             list(op.control_inputs)))
+    elif op not in var_ops:
+      others.append(op)
+  return writes, others
+
+
+def written_variables(update_ops):
+  """Returns the variables written by `update_ops`, sorted by name.
+
+  Args:
+    update_ops: as for `find_writes`.
+
+  Returns:
+    A list of variables.
+
+  Raises:
+    ValueError: as `find_writes`.
+  """
+  writes, _ = find_writes(update_ops)
+  found = {v.op.name: v for _, v in writes}
   return [found[name] for name in sorted(found)]
 
 

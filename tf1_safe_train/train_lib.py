@@ -132,8 +132,6 @@ class _AggregateGuard(tf1.train.Optimizer):
 # Update-op writes `var += sign * value` that a cluster turns into deltas.
 _ADD_SUB_SIGNS = {"AssignSubVariableOp": 1, "AssignSub": 1,
                   "AssignAddVariableOp": -1, "AssignAdd": -1}
-_PASS_THROUGH_OP_TYPES = frozenset(["Identity", "IdentityN", "NoOp",
-                                    "ReadVariableOp"])
 
 
 def statistics_deltas(update_ops):
@@ -157,42 +155,25 @@ def statistics_deltas(update_ops):
     ValueError: for an update op that is not an assign_add/assign_sub of a
       graph variable (moving averages are).
   """
-  if not update_ops:
-    return []
-  ops = [u if isinstance(u, tf1.Operation) else u.op for u in update_ops]
-  graph = ops[0].graph
-  variables = {v.op: v for v in (
-      graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
-      graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES))}
-  deltas, order, seen, stack = {}, [], set(), list(reversed(ops))
-  while stack:
-    op = stack.pop()
-    if op in seen:
-      continue
-    seen.add(op)
-    if op.type in _ADD_SUB_SIGNS:
-      target = op.inputs[0].op
-      while target not in variables and target.type == "Identity":
-        target = target.inputs[0].op
-      if target not in variables:
-        raise ValueError("update op %s writes %s, which is not a graph "
-                         "variable" % (op.name, target.name))
-      value = op.inputs[1]
-      if _ADD_SUB_SIGNS[op.type] < 0:
-        value = tf.negative(value)
-      if target not in deltas:
-        order.append(target)
-      deltas.setdefault(target, []).append(value)
-    elif op.type in _PASS_THROUGH_OP_TYPES:
-      stack.extend(reversed([t.op for t in op.inputs] +
-                            list(op.control_inputs)))
-    elif op.type not in towers.VARIABLE_OP_TYPES:
-      raise ValueError(
-          "update op %s (%s): in a cluster, update ops are applied with the "
-          "step's decision, which supports assign_add/assign_sub (moving "
-          "averages) only" % (op.name, op.type))
-  return [(tf.add_n(deltas[t]) if len(deltas[t]) > 1 else deltas[t][0],
-           variables[t]) for t in order]
+  writes, others = rollback.find_writes(update_ops)
+  unsupported = others + [op for op, _ in writes
+                          if op.type not in _ADD_SUB_SIGNS]
+  if unsupported:
+    op = unsupported[0]
+    raise ValueError(
+        "update op %s (%s): in a cluster, update ops are applied with the "
+        "step's decision, which supports assign_add/assign_sub (moving "
+        "averages) only" % (op.name, op.type))
+  deltas, order = {}, []
+  for op, variable in writes:
+    value = op.inputs[1]
+    if _ADD_SUB_SIGNS[op.type] < 0:
+      value = tf.negative(value)
+    if variable.op not in deltas:
+      order.append(variable)
+    deltas.setdefault(variable.op, []).append(value)
+  return [(tf.add_n(deltas[v.op]) if len(deltas[v.op]) > 1
+           else deltas[v.op][0], v) for v in order]
 
 
 def _ordered_after(grads_and_vars, op):
@@ -353,6 +334,15 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None,
       step_op, applied = result.train_op, result.applied
       average_flags = result.nonfinite_flags
       variable_names = result.variable_names
+      if result.update_variable_names:
+        # The checked statistics are tower 0's (as in a cluster): report
+        # them in its row.
+        no_flags = tf.zeros_like(result.update_flags)
+        tower_flags = tf.concat([tower_flags, tf.stack(
+            [result.update_flags] + [no_flags] * (num_towers - 1))], axis=1)
+        tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
+        average_flags = tf.concat([average_flags, no_flags], axis=0)
+        variable_names = variable_names + result.update_variable_names
     with tf1.control_dependencies([step_op]):
       stats = [
           tf1.assign_add(nonfinite_by_tower,
