@@ -12,6 +12,7 @@ from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import injection
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import replicas
+from tf1_safe_train import rollback
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -259,7 +260,7 @@ class WorkerGraphTest(tf.test.TestCase):
   def testStatisticsDeltasRejectAPlainAssign(self):
     with tf.Graph().as_default():
       v = tf1.get_variable("v", [2], initializer=tf1.zeros_initializer())
-      deltas = train_lib.statistics_deltas([
+      deltas = rollback.statistics_deltas([
           v.assign_sub(tf.ones([2]), read_value=False),
           v.assign_add(tf.ones([2]) * 3, read_value=False)])
       self.assertLen(deltas, 1)
@@ -268,7 +269,7 @@ class WorkerGraphTest(tf.test.TestCase):
         sess.run(v.initializer)
         self.assertAllClose(sess.run(deltas[0][0]), [-2.0, -2.0])
       with self.assertRaisesRegex(ValueError, "assign_add/assign_sub"):
-        train_lib.statistics_deltas([v.assign(tf.ones([2]),
+        rollback.statistics_deltas([v.assign(tf.ones([2]),
                                               read_value=False)])
 
 

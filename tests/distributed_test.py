@@ -23,6 +23,7 @@ import binaries
 from tf1_safe_train import local_cluster
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import replicas
+from tf1_safe_train import run_summary
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -87,7 +88,7 @@ def _changed(a, b):
 
 
 def _read_summary(train_dir):
-  with open(os.path.join(train_dir, train_lib.RUN_SUMMARY)) as f:
+  with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
     return json.load(f)
 
 

@@ -22,7 +22,7 @@ from tf1_safe_train import injection
 
 tf1 = tf.compat.v1
 
-RUN_SUMMARY = "run_summary.json"  # train_lib.RUN_SUMMARY, without importing it.
+RUN_SUMMARY = "run_summary.json"  # run_summary.RUN_SUMMARY, without importing TF.
 
 # Checkpoint entries that a skipped step changes (or may change): the step and
 # skip counters and the drill's own statistics. Every other entry (weights,

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import towers
+from tf1_safe_train import run_summary
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -23,7 +24,7 @@ def _params(train_dir, **overrides):
 
 
 def _read_summary(train_dir):
-  with open(os.path.join(train_dir, train_lib.RUN_SUMMARY)) as f:
+  with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
     return json.load(f)
 
 

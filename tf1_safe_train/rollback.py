@@ -1,10 +1,12 @@
-"""Rollback of variables written outside the apply/skip decision.
+"""Variables written outside the apply/skip decision: rollback, or deltas.
 
 Batch-norm moving statistics are written by update ops built during the
 forward pass, outside the `tf.cond` that decides a step, so they cannot be
 moved into its apply branch. Each such variable gets a shadow copy: the apply
 branch copies the variable into its shadow, the skip branch copies the shadow
 back, so after a skipped step the variable holds its last applied value again.
+In a cluster (`statistics_deltas`) the writes become deltas applied with the
+decision instead.
 """
 
 import tensorflow as tf
@@ -156,3 +158,50 @@ class Rollback(object):
     """Op for the skip branch: each variable takes back its shadow's value."""
     with tf1.name_scope(name):
       return tf.group(*[tf1.assign(v, s.read_value()) for v, s in self._pairs])
+
+
+# Update-op writes `var += sign * value` that a cluster turns into deltas.
+_ADD_SUB_SIGNS = {"AssignSubVariableOp": 1, "AssignSub": 1,
+                  "AssignAddVariableOp": -1, "AssignAdd": -1}
+
+
+def statistics_deltas(update_ops):
+  """The writes of `update_ops` as (delta, variable) pairs: `var -= delta`.
+
+  In a cluster the moving statistics are not written by the forward pass
+  and rolled back on a skip: the rollback shadows on a ps are shared by the
+  workers, so one worker's commit can save another's NaN into them (seen
+  with resnet20 and a poisoned input). Instead each delta travels with the
+  gradients and is applied inside the decision's apply branch (averaged over
+  the replicas with --sync_replicas).
+
+  Args:
+    update_ops: ops of `UPDATE_OPS` (followed through identities and
+      groups).
+
+  Returns:
+    A list of (delta tensor, variable), one per written variable.
+
+  Raises:
+    ValueError: for an update op that is not an assign_add/assign_sub of a
+      graph variable (moving averages are).
+  """
+  writes, others = find_writes(update_ops)
+  unsupported = others + [op for op, _ in writes
+                          if op.type not in _ADD_SUB_SIGNS]
+  if unsupported:
+    op = unsupported[0]
+    raise ValueError(
+        "update op %s (%s): in a cluster, update ops are applied with the "
+        "step's decision, which supports assign_add/assign_sub (moving "
+        "averages) only" % (op.name, op.type))
+  deltas, order = {}, []
+  for op, variable in writes:
+    value = op.inputs[1]
+    if _ADD_SUB_SIGNS[op.type] < 0:
+      value = tf.negative(value)
+    if variable.op not in deltas:
+      order.append(variable)
+    deltas.setdefault(variable.op, []).append(value)
+  return [(tf.add_n(deltas[v.op]) if len(deltas[v.op]) > 1
+           else deltas[v.op][0], v) for v in order]

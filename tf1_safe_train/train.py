@@ -197,6 +197,7 @@ def _run(cluster):
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train import injection
   from tf1_safe_train import replicas
+  from tf1_safe_train import run_summary
   from tf1_safe_train import train_lib
   from tf1_safe_train.data import cifar10
   # pylint: enable=g-import-not-at-top
@@ -221,7 +222,7 @@ def _run(cluster):
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
   if cluster is None or cluster.is_chief:
     logging.info("run summary: %s", os.path.join(params.train_dir,
-                                                 train_lib.RUN_SUMMARY))
+                                                 run_summary.RUN_SUMMARY))
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
              "%d (--max_consecutive_skips=%d); the last checkpoint in %s "

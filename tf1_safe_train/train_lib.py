@@ -11,7 +11,6 @@ the aggregate) and `serve_parameter_server` one ps task.
 
 import collections
 import contextlib
-import json
 import os
 import time
 
@@ -30,11 +29,11 @@ from tf1_safe_train import optimization
 from tf1_safe_train import precision
 from tf1_safe_train import replicas
 from tf1_safe_train import rollback
+from tf1_safe_train import run_summary
 from tf1_safe_train import towers
 
 tf1 = tf.compat.v1
 
-RUN_SUMMARY = "run_summary.json"
 
 TrainGraph = collections.namedtuple("TrainGraph", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
@@ -129,53 +128,6 @@ class _AggregateGuard(tf1.train.Optimizer):
         name="guarded_step").train_op
 
 
-# Update-op writes `var += sign * value` that a cluster turns into deltas.
-_ADD_SUB_SIGNS = {"AssignSubVariableOp": 1, "AssignSub": 1,
-                  "AssignAddVariableOp": -1, "AssignAdd": -1}
-
-
-def statistics_deltas(update_ops):
-  """The writes of `update_ops` as (delta, variable) pairs: `var -= delta`.
-
-  In a cluster the moving statistics are not written by the forward pass
-  and rolled back on a skip: the rollback shadows on a ps are shared by the
-  workers, so one worker's commit can save another's NaN into them (seen
-  with resnet20 and a poisoned input). Instead each delta travels with the
-  gradients and is applied inside the decision's apply branch (averaged over
-  the replicas with --sync_replicas).
-
-  Args:
-    update_ops: ops of `UPDATE_OPS` (followed through identities and
-      groups).
-
-  Returns:
-    A list of (delta tensor, variable), one per written variable.
-
-  Raises:
-    ValueError: for an update op that is not an assign_add/assign_sub of a
-      graph variable (moving averages are).
-  """
-  writes, others = rollback.find_writes(update_ops)
-  unsupported = others + [op for op, _ in writes
-                          if op.type not in _ADD_SUB_SIGNS]
-  if unsupported:
-    op = unsupported[0]
-    raise ValueError(
-        "update op %s (%s): in a cluster, update ops are applied with the "
-        "step's decision, which supports assign_add/assign_sub (moving "
-        "averages) only" % (op.name, op.type))
-  deltas, order = {}, []
-  for op, variable in writes:
-    value = op.inputs[1]
-    if _ADD_SUB_SIGNS[op.type] < 0:
-      value = tf.negative(value)
-    if variable.op not in deltas:
-      order.append(variable)
-    deltas.setdefault(variable.op, []).append(value)
-  return [(tf.add_n(deltas[v.op]) if len(deltas[v.op]) > 1
-           else deltas[v.op][0], v) for v in order]
-
-
 def _ordered_after(grads_and_vars, op):
   """The gradients, made to wait for `op` (a read that must come first)."""
   ordered = []
@@ -200,9 +152,9 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None,
       input pipeline's shuffle seed is `params.seed + worker_index`).
     num_workers: None on one machine; in a cluster, its number of workers.
       Then the moving statistics are applied with the decision (see
-      `statistics_deltas`) and, with `params.sync_replicas`, the gradients
-      of `num_workers` replicas are aggregated by `SyncReplicasOptimizer`
-      and the chief decides on the aggregate.
+      `rollback.statistics_deltas`) and, with `params.sync_replicas`, the
+      gradients of `num_workers` replicas are aggregated by
+      `SyncReplicasOptimizer` and the chief decides on the aggregate.
     dataset_fn: optional `dataset_fn(batch_size, seed)` returning the
       training `tf.data.Dataset` of (float32 images [batch_size, H, W, 3],
       int32 labels [batch_size]) batches, repeated; each tower takes its own
@@ -268,7 +220,7 @@ def build_train_graph(params, tower_config, worker_index=0, num_workers=None,
   statistics = []
   if in_cluster:
     with tf1.device(tower_config.variables_device()):
-      statistics = statistics_deltas(update_ops)
+      statistics = rollback.statistics_deltas(update_ops)
     update_ops = []
     if statistics:
       # The deltas are tower 0's: its row of the flags covers them too.
@@ -415,16 +367,6 @@ def check_train_dir(train_dir):
                      (train_dir, e.strerror or e)) from None
 
 
-def write_run_summary(train_dir, summary):
-  """Writes `summary` to `<train_dir>/run_summary.json` atomically."""
-  path = os.path.join(train_dir, RUN_SUMMARY)
-  with open(path + ".tmp", "w") as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(path + ".tmp", path)
-  return path
-
-
 def train(params, tower_config=None, master="", is_chief=True,
           worker_index=0, extra_hooks=(), cluster=None, dataset_fn=None):
   """Trains as `params` says and returns the run summary (a dict).
@@ -550,65 +492,15 @@ def train(params, tower_config=None, master="", is_chief=True,
     exit_reason = "interrupted"
   else:
     exit_reason = "max_steps"
-  summary = _run_summary(params, stats, first_step_time, start, end,
-                         examples_per_step, exit_reason,
-                         final=end_hook.final if end_hook else None)
+  summary = run_summary.build(params, stats.latest, stats.steps_run,
+                              first_step_time, start, end, examples_per_step,
+                              exit_reason,
+                              final=end_hook.final if end_hook else None)
   if cluster is not None:
     summary["cluster"] = {"num_ps": cluster.num_ps,
                           "num_workers": cluster.num_workers,
                           "task": cluster.task_name,
                           "sync_replicas": sync}
   if is_chief:
-    write_run_summary(params.train_dir, summary)
+    run_summary.write(params.train_dir, summary)
   return summary
-
-
-def _restored_summary(params, exit_reason, wall_seconds):
-  """The run summary of a run that ran no step: the checkpoint's counters."""
-  summary = {"exit_reason": exit_reason, "steps_this_run": 0,
-             "wall_seconds": round(wall_seconds, 3),
-             "params": params.to_dict()}
-  checkpoint = tf1.train.latest_checkpoint(params.train_dir)
-  if checkpoint is None:
-    return dict(summary, global_step=None)
-  reader = tf1.train.load_checkpoint(checkpoint)
-  names = reader.get_variable_to_shape_map()
-  for name in ("global_step", "max_consecutive_skips_seen") + (
-      counters_lib.SkipCounters._fields):
-    if name in names:
-      summary[name] = int(reader.get_tensor(name))
-  if "nonfinite_steps_by_tower" in names:
-    summary["nonfinite_steps_by_tower"] = [
-        int(c) for c in reader.get_tensor("nonfinite_steps_by_tower")]
-  return summary
-
-
-def _run_summary(params, stats, first_step_time, start, end, examples_per_step,
-                 exit_reason, final=None):
-  """The run_summary.json dict (see README); `final` overrides the counters."""
-  latest = stats.latest
-  if latest is None:  # Nothing ran: the checkpoint was already at max_steps.
-    return _restored_summary(params, exit_reason, end - start)
-  latest = dict(latest, **(final or {}))
-  timed_steps = stats.steps_run - 1
-  timed_seconds = end - first_step_time if first_step_time else 0.0
-  counters = latest["counters"]
-  return {
-      **({"loss_scale": float(latest["loss_scale"])}
-         if "loss_scale" in latest else {}),
-      "global_step": int(latest["global_step"]),
-      "applied_steps": int(counters.applied_steps),
-      "skipped_steps": int(counters.skipped_steps),
-      "consecutive_skips": int(counters.consecutive_skips),
-      "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
-      "nonfinite_steps_by_tower": [
-          int(c) for c in latest["nonfinite_steps_by_tower"]],
-      "final_loss": float(latest["loss"]),
-      "examples_per_sec": (round(timed_steps * examples_per_step /
-                                 timed_seconds, 2)
-                           if timed_steps > 0 and timed_seconds > 0 else None),
-      "steps_this_run": stats.steps_run,
-      "wall_seconds": round(end - start, 3),
-      "exit_reason": exit_reason,
-      "params": params.to_dict(),
-  }

@@ -1,0 +1,98 @@
+"""run_summary.json: what a training run did, written at its end.
+
+See the README ("The trainer") for the fields.
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+from tf1_safe_train import counters as counters_lib
+
+tf1 = tf.compat.v1
+
+RUN_SUMMARY = "run_summary.json"
+
+
+def write(train_dir, summary):
+  """Writes `summary` to `<train_dir>/run_summary.json` atomically.
+
+  Returns:
+    The file's path.
+  """
+  path = os.path.join(train_dir, RUN_SUMMARY)
+  with open(path + ".tmp", "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True)
+    f.write("\n")
+  os.replace(path + ".tmp", path)
+  return path
+
+
+def build(params, latest, steps_run, first_step_time, start, end,
+          examples_per_step, exit_reason, final=None):
+  """The run summary dict of a run.
+
+  Args:
+    params: the run's `params.TrainParams`.
+    latest: the values fetched after the last step (`hooks.RunStatsHook`'s
+      `latest`: global_step, loss, counters, nonfinite_steps_by_tower,
+      max_consecutive_skips_seen, optionally loss_scale), or None if no
+      step ran.
+    steps_run: steps this run executed.
+    first_step_time: time.time() after the first step, or None.
+    start: time.time() when the run started.
+    end: time.time() when it ended.
+    examples_per_step: examples of one step, all towers.
+    exit_reason: "max_steps", "too_many_consecutive_skips" or "interrupted".
+    final: optional values that override `latest`'s (a cluster's last
+      counters).
+
+  Returns:
+    A JSON-able dict.
+  """
+  if latest is None:  # Nothing ran: the checkpoint was already at max_steps.
+    return _restored(params, exit_reason, end - start)
+  latest = dict(latest, **(final or {}))
+  timed_steps = steps_run - 1
+  timed_seconds = end - first_step_time if first_step_time else 0.0
+  counters = latest["counters"]
+  return {
+      **({"loss_scale": float(latest["loss_scale"])}
+         if "loss_scale" in latest else {}),
+      "global_step": int(latest["global_step"]),
+      "applied_steps": int(counters.applied_steps),
+      "skipped_steps": int(counters.skipped_steps),
+      "consecutive_skips": int(counters.consecutive_skips),
+      "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
+      "nonfinite_steps_by_tower": [
+          int(c) for c in latest["nonfinite_steps_by_tower"]],
+      "final_loss": float(latest["loss"]),
+      "examples_per_sec": (round(timed_steps * examples_per_step /
+                                 timed_seconds, 2)
+                           if timed_steps > 0 and timed_seconds > 0 else None),
+      "steps_this_run": steps_run,
+      "wall_seconds": round(end - start, 3),
+      "exit_reason": exit_reason,
+      "params": params.to_dict(),
+  }
+
+
+def _restored(params, exit_reason, wall_seconds):
+  """The run summary of a run that ran no step: the checkpoint's counters."""
+  summary = {"exit_reason": exit_reason, "steps_this_run": 0,
+             "wall_seconds": round(wall_seconds, 3),
+             "params": params.to_dict()}
+  checkpoint = tf1.train.latest_checkpoint(params.train_dir)
+  if checkpoint is None:
+    return dict(summary, global_step=None)
+  reader = tf1.train.load_checkpoint(checkpoint)
+  names = reader.get_variable_to_shape_map()
+  for name in ("global_step", "max_consecutive_skips_seen") + (
+      counters_lib.SkipCounters._fields):
+    if name in names:
+      summary[name] = int(reader.get_tensor(name))
+  if "nonfinite_steps_by_tower" in names:
+    summary["nonfinite_steps_by_tower"] = [
+        int(c) for c in reader.get_tensor("nonfinite_steps_by_tower")]
+  return summary
