@@ -108,12 +108,24 @@ class DynamicLossScaleTest(tf.test.TestCase):
         self.assertEqual(scales, [2.0**127] * 3)
         self.assertEqual(sess.run(scale.variables.good_steps), 0)
 
+  def testAnInfiniteScaleFromAnOldCheckpointRecovers(self):
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(initial_scale=8.0, dtype=tf.float32)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(scale.variables.scale.assign(float("inf")))
+        sess.run(result.train_op, {x: [1.0, 1.0, 1.0]})
+        self.assertEqual(sess.run(scale.variables.scale),
+                         loss_scale_lib.MAX_SCALE)
+
   def testRejectsBadSettings(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, "floor"):
         loss_scale_lib.DynamicLossScale(initial_scale=0.5, floor=1.0)
-      with self.assertRaisesRegex(ValueError, "inf"):
-        loss_scale_lib.DynamicLossScale(initial_scale=float("inf"))
+      for too_large in (float("inf"), 1e39, 2.0**128):
+        with self.assertRaisesRegex(ValueError, "2\\*\\*127"):
+          loss_scale_lib.DynamicLossScale(initial_scale=too_large)
+      loss_scale_lib.DynamicLossScale(initial_scale=2.0**127, name="top")
       with self.assertRaisesRegex(ValueError, "growth_steps"):
         loss_scale_lib.DynamicLossScale(growth_steps=0)
 

@@ -8,11 +8,14 @@ real faults, counted apart from expected overflows.
 """
 
 import collections
-import math
 
 import tensorflow as tf
 
 tf1 = tf.compat.v1
+
+# The largest power of two float32 holds: the scale never grows past it, and
+# a larger one would be Inf (every step non-finite, and half of Inf is Inf).
+MAX_SCALE = 2.0**127
 
 LossScaleState = collections.namedtuple(
     "LossScaleState", ["scale", "good_steps", "floor_skips"])
@@ -51,9 +54,10 @@ class DynamicLossScale(object):
         initial scale below the floor.
     """
     if (not floor > 0 or not initial_scale >= floor or
-        not math.isfinite(initial_scale)):
-      raise ValueError("loss scale: need 0 < floor <= initial_scale < inf, "
-                       "got floor=%r initial_scale=%r" % (floor, initial_scale))
+        not initial_scale <= MAX_SCALE):
+      raise ValueError("loss scale: need 0 < floor <= initial_scale <= 2**127 "
+                       "(float32), got floor=%r initial_scale=%r" %
+                       (floor, initial_scale))
     if int(growth_steps) != growth_steps or growth_steps < 1:
       raise ValueError("loss scale: growth_steps must be an integer >= 1, got "
                        "%r" % (growth_steps,))
@@ -115,9 +119,8 @@ class DynamicLossScale(object):
   def on_apply(self):
     """Op for the apply branch: count a good step, grow the scale if due.
 
-    The scale never grows past the largest finite float32 power of two
-    (2**127): an infinite scale would make every step non-finite, and
-    halving Inf gives Inf again.
+    The scale never grows past `MAX_SCALE` (2**127, float32's largest power
+    of two).
     """
     s = self._state
     scale = s.scale.read_value()
@@ -136,8 +139,11 @@ class DynamicLossScale(object):
     s = self._state
     scale = s.scale.read_value()
     at_floor = scale <= self._floor
+    # An infinite scale (only from an old checkpoint) restarts at the top.
+    halved = tf.where(tf.math.is_finite(scale), scale * 0.5,
+                      tf.constant(MAX_SCALE, scale.dtype))
     return tf.group(
-        tf1.assign(s.scale, tf.maximum(scale * 0.5, self._floor)),
+        tf1.assign(s.scale, tf.maximum(halved, self._floor)),
         tf1.assign(s.good_steps, tf.constant(0, tf.int64)),
         tf1.assign_add(s.floor_skips, tf.cast(at_floor, tf.int64)),
         name="loss_scale_on_skip")

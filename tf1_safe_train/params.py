@@ -110,8 +110,8 @@ class TrainParams(object):
     _check_one_of("inject_into", self.inject_into, INJECT_INTO)
     _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
     _check_one_of("precision", self.precision, PRECISIONS)
-    _check(1 <= self.initial_loss_scale < float("inf"),
-           "--initial_loss_scale=%r: must be finite and >= 1",
+    _check(1 <= self.initial_loss_scale <= 2.0**127,
+           "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",
            self.initial_loss_scale)
     _check(_is_int(self.loss_scale_growth_steps) and
            self.loss_scale_growth_steps >= 1,
