@@ -16,6 +16,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+import train_dir_util
 from tf1_safe_train import data
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import train_lib
@@ -35,17 +36,6 @@ def _shrunk_dataset(batch_size, seed):
   return data.get_dataset("synthetic", "train", batch_size, seed=seed).map(
       lambda images, labels: (tf.image.resize(
           images, [_IMAGE_SIZE, _IMAGE_SIZE], method="area"), labels))
-
-
-def _scalars(train_dir, tag):
-  """(step, value) of every summary `tag` in `train_dir`, by step."""
-  values = []
-  for path in tf1.gfile.Glob(os.path.join(train_dir, "events.*")):
-    for event in tf1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == tag:
-          values.append((event.step, value.simple_value))
-  return sorted(values)
 
 
 class Float16TrainingTest(tf.test.TestCase):
@@ -80,7 +70,7 @@ class Float16TrainingTest(tf.test.TestCase):
       self.assertNotIn("real fault", report)
 
     # The loss falls: ln(10) = 2.30 is chance for 10 classes.
-    losses = [v for _, v in _scalars(train_dir, "loss")]
+    losses = [v for _, v in train_dir_util.scalars(train_dir, "loss")]
     self.assertLen(losses, _STEPS // 10)
     first, last = np.mean(losses[:3]), np.mean(losses[-10:])
     self.assertGreater(first, 2.0)
@@ -88,7 +78,7 @@ class Float16TrainingTest(tf.test.TestCase):
 
     # The scale moved (grew after good runs, halved on overflows), stayed a
     # power of two >= 1, and the checkpoint holds the run summary's value.
-    scales = [v for _, v in _scalars(train_dir, "loss_scale")]
+    scales = [v for _, v in train_dir_util.scalars(train_dir, "loss_scale")]
     self.assertLess(scales[0], _INITIAL_SCALE, scales)
     self.assertTrue(any(b > a for a, b in zip(scales, scales[1:])), scales)
     for scale in scales + [summary["loss_scale"]]:

@@ -7,9 +7,10 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+import train_dir_util
 from tf1_safe_train import params as params_lib
-from tf1_safe_train import towers
 from tf1_safe_train import run_summary
+from tf1_safe_train import towers
 from tf1_safe_train import train_lib
 
 tf1 = tf.compat.v1
@@ -26,23 +27,6 @@ def _params(train_dir, **overrides):
 def _read_summary(train_dir):
   with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
     return json.load(f)
-
-
-def _scalars(train_dir, tag):
-  """(step, value) of each summary `tag` in `train_dir`, by step."""
-  values = {}
-  for path in tf1.gfile.Glob(os.path.join(train_dir, "events.*")):
-    for event in tf1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == tag:
-          values[event.step] = value.simple_value
-  return sorted(values.items())
-
-
-def _checkpoint_values(train_dir):
-  reader = tf1.train.load_checkpoint(tf1.train.latest_checkpoint(train_dir))
-  return {name: reader.get_tensor(name)
-          for name in reader.get_variable_to_shape_map()}
 
 
 class TrainTest(tf.test.TestCase):
@@ -75,7 +59,7 @@ class TrainTest(tf.test.TestCase):
           train_dir, num_towers=1, max_steps=4, save_summaries_steps=1,
           lr_schedule="cosine", lr_schedule_step=schedule_step,
           inject_nonfinite="nan@1:0"))
-      rates[schedule_step] = _scalars(train_dir, "learning_rate")
+      rates[schedule_step] = train_dir_util.scalars(train_dir, "learning_rate")
     applied, by_global = rates["applied_steps"], rates["global_step"]
     self.assertEqual([1, 2, 3, 4], [s for s, _ in applied])
     # Skipped step 1 did not advance the schedule: steps 1 and 2 share a rate.
@@ -107,7 +91,7 @@ class TrainTest(tf.test.TestCase):
     self.assertIn(first_variable, reports[0])
     self.assertIn("skipped step 4", reports[1])
     self.assertIn("tower 0 (/device:CPU:0)", reports[1])
-    values = _checkpoint_values(train_dir)
+    values = train_dir_util.checkpoint_values(train_dir)
     for name, value in values.items():
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.isfinite(value).all(), name)
@@ -130,7 +114,7 @@ class TrainTest(tf.test.TestCase):
         train_dir, model="resnet20", max_steps=2, batch_size=4,
         inject_nonfinite="nan@1:0", inject_into="input"))
     self.assertEqual(summary["skipped_steps"], 1)
-    values = _checkpoint_values(train_dir)
+    values = train_dir_util.checkpoint_values(train_dir)
     moving = [n for n in values if n.endswith("moving_mean") or
               n.endswith("moving_variance")]
     self.assertNotEmpty(moving)
@@ -206,7 +190,7 @@ class TrainTest(tf.test.TestCase):
     # 2048 -> 1024.
     self.assertEqual(summary["skipped_steps"], 1)
     self.assertEqual(summary["loss_scale"], 1024.0)
-    values = _checkpoint_values(train_dir)
+    values = train_dir_util.checkpoint_values(train_dir)
     self.assertEqual(values["loss_scale/scale"], 1024.0)
     for name, value in values.items():
       if np.issubdtype(np.asarray(value).dtype, np.floating):
@@ -232,7 +216,7 @@ class TrainTest(tf.test.TestCase):
         clip_gradient_norm=1.0, lr_schedule="cosine", optimizer="adam",
         inject_nonfinite="nan@1:0"))
     self.assertEqual(summary["skipped_steps"], 1)
-    values = _checkpoint_values(train_dir)
+    values = train_dir_util.checkpoint_values(train_dir)
     ema = [n for n in values if n.endswith("ExponentialMovingAverage")]
     self.assertNotEmpty(ema)
     for name in ema:

@@ -108,11 +108,8 @@ def _written_is_nonfinite(variable):
   which can run before the updates the caller's control dependencies name.
   """
   if _is_ref_variable(variable):
-    value = variable._ref()  # pylint: disable=protected-access
-  else:
-    value = variable.read_value()
-  with tf1.colocate_with(variable.op), tf1.name_scope("written_is_nonfinite"):
-    return tf.logical_not(tf.reduce_all(tf.math.is_finite(value)))
+    return _check(variable._ref())  # pylint: disable=protected-access
+  return _check(variable.read_value())
 
 
 def nonfinite_flags(grads):
