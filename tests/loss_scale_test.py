@@ -108,6 +108,34 @@ class DynamicLossScaleTest(tf.test.TestCase):
         self.assertEqual(scales, [2.0**127] * 3)
         self.assertEqual(sess.run(scale.variables.good_steps), 0)
 
+  def testGrowthIsCappedAtTheDocumentedMaximum(self):
+    # 3 * 2**125 is not a power of two: doubled it is 1.5 * 2**127, finite
+    # in float32 but above the documented cap.
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(growth_steps=1,
+                                      initial_scale=3.0 * 2.0**125,
+                                      dtype=tf.float32)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(result.train_op, {x: [0.0, 0.0, 0.0]})
+        self.assertEqual(float(sess.run(scale.variables.scale)),
+                         loss_scale_lib.MAX_SCALE)
+
+  def testUnscaleIsExactAtTheLargestScales(self):
+    # 1 / 2**127 is a float32 subnormal, which TensorFlow flushes to zero:
+    # multiplying by it would turn every gradient into 0.
+    for top in (2.0**127, 2.0**126 * 1.5):
+      with tf.Graph().as_default():
+        x, w, _, scale, result = _build(initial_scale=top, dtype=tf.float32)
+        grads = scale.unscale([(tf.constant([2.0**-100, 2.0**-110]) *
+                                scale.scale(), w)])
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          self.assertAllEqual(sess.run(grads[0][0]), [2.0**-100, 2.0**-110])
+          before = sess.run(w)
+          self.assertTrue(sess.run(result.applied, {x: [2.0**-100, 1.0, 1.0]}))
+          self.assertFalse(np.array_equal(before, sess.run(w)))
+
   def testAnInfiniteScaleFromAnOldCheckpointRecovers(self):
     with tf.Graph().as_default():
       x, _, _, scale, result = _build(initial_scale=8.0, dtype=tf.float32)
@@ -168,6 +196,32 @@ class WrapperLossScaleTest(tf.test.TestCase):
         sess.run(train_op, {x: [5000.0, 1.0]})
         self.assertEqual(sess.run(scale.variables.scale), 16.0)
         self.assertTrue(np.isfinite(sess.run(w)).all())
+
+  def testFloat16VariablesKeepTheirGradientDtype(self):
+    # A float32 gradient against a float16 variable aborts the process (a
+    # CHECK failure in the update kernel), so the dtype is asserted first.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float16, [2])
+      w = tf1.get_variable("w", initializer=tf.constant([1.0, 1.0],
+                                                        tf.float16))
+      table = tf1.get_variable("table", initializer=tf.ones([4, 2],
+                                                            tf.float16))
+      loss = tf.reduce_sum(w * x) + tf.reduce_sum(tf.gather(table, [1]) * x)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.5),
+          loss_scale=loss_scale_lib.DynamicLossScale(initial_scale=1024.0))
+      grads = opt.compute_gradients(loss, var_list=[w, table])
+      self.assertEqual([g.dtype for g, _ in grads], [tf.float16, tf.float16])
+      train_op = opt.apply_gradients(grads)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(train_op, {x: [2.0, -2.0]})
+        self.assertAllEqual(sess.run(w), [0.0, 2.0])
+        self.assertAllEqual(sess.run(table)[1], [0.0, 2.0])
+        # 100 * 1024 overflows float16: skipped, nothing moves.
+        sess.run(train_op, {x: [100.0, 1.0]})
+        self.assertAllEqual(sess.run(w), [0.0, 2.0])
+        self.assertEqual(sess.run(opt.loss_scale.variables.scale), 512.0)
 
   def testStringDynamic(self):
     with tf.Graph().as_default():

@@ -93,7 +93,14 @@ class DynamicLossScale(object):
     return loss * tf.cast(self.scale(), loss.dtype)
 
   def unscale(self, grads_and_vars, scale=None):
-    """Divides each gradient by the scale, in float32, for the finite check.
+    """Divides each gradient by the scale, keeping the gradient's dtype.
+
+    The division happens in float32 (float64 for float64 gradients) and the
+    result is cast back, so each gradient still matches its variable's dtype
+    (a float32 gradient against a float16 variable aborts the process in
+    TensorFlow's kernels). It divides rather than multiplying by `1 / scale`:
+    above 2**126 the inverse is a float32 subnormal, which TensorFlow flushes
+    to zero, and every gradient would become 0.
 
     Args:
       grads_and_vars: (gradient, variable) pairs computed from the scaled loss.
@@ -101,19 +108,24 @@ class DynamicLossScale(object):
         read; pass the same tensor used for the loss so both agree).
 
     Returns:
-      (gradient, variable) pairs with float32 gradients divided by the scale.
+      (gradient, variable) pairs with the gradients divided by the scale.
     """
     scale = self.scale() if scale is None else scale
-    inverse = 1.0 / scale
+
+    def _divide(values):
+      wide = tf.float64 if values.dtype == tf.float64 else tf.float32
+      quotient = tf.cast(values, wide) / tf.cast(scale, wide)
+      return tf.cast(quotient, values.dtype)
+
     out = []
     for g, v in grads_and_vars:
       if g is None:
         out.append((g, v))
       elif isinstance(g, tf.IndexedSlices):
-        out.append((tf.IndexedSlices(tf.cast(g.values, tf.float32) * inverse,
-                                     g.indices, g.dense_shape), v))
+        out.append((tf.IndexedSlices(_divide(g.values), g.indices,
+                                     g.dense_shape), v))
       else:
-        out.append((tf.cast(g, tf.float32) * inverse, v))
+        out.append((_divide(g), v))
     return out
 
   def on_apply(self):
@@ -126,10 +138,11 @@ class DynamicLossScale(object):
     scale = s.scale.read_value()
     good = s.good_steps.read_value() + 1
     grow = good >= self._growth_steps
-    grown = scale * 2.0
+    # Capped, not merely kept finite: a scale that is not a power of two
+    # would otherwise double past 2**127 up to float32's max.
+    grown = tf.minimum(scale * 2.0, MAX_SCALE)
     return tf.group(
-        tf1.assign(s.scale, tf.where(
-            tf.logical_and(grow, tf.math.is_finite(grown)), grown, scale)),
+        tf1.assign(s.scale, tf.where(grow, grown, scale)),
         tf1.assign(s.good_steps, tf.where(grow, tf.zeros_like(good), good)),
         tf1.assign(s.floor_skips, tf.constant(0, tf.int64)),
         name="loss_scale_on_apply")

@@ -83,7 +83,8 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         its defaults (initial scale 2**15, doubled after 2000 applied steps
         in a row, halved by every skip); or a `DynamicLossScale`. With a loss
         scale, `compute_gradients` differentiates the scaled loss and returns
-        float32 gradients divided by the scale, and the scale's update shares
+        the gradients divided by the scale (each in its variable's dtype,
+        divided in float32), and the scale's update shares
         this wrapper's apply/skip decision.
       name: name scope of the decision ops.
 
