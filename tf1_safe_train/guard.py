@@ -265,6 +265,7 @@ def guarded_apply(grads_and_vars,
                ([global_step] if global_step is not None else []))
     with _control_flow_for(touched):
       applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
+    rollback.register_decision(applied)
     step_ops = [applied]
     if global_step is not None and increment_global_step_on_skip:
       with tf1.control_dependencies([applied]):

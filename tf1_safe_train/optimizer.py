@@ -252,6 +252,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       # pylint: disable=protected-access
       with guard._control_flow_for(protected.variables):
         decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
+      rollback.register_decision(decided)
       return tf.group(*(ops + [decided]), name="protected")
 
   def applied(self):

@@ -25,6 +25,21 @@ _WRITE_OP_TYPES = frozenset([
 # Op types an update op may be wrapped in (identity, group, read-after-write).
 _PASS_THROUGH_OP_TYPES = frozenset(["Identity", "IdentityN", "NoOp",
                                     "ReadVariableOp"])
+# Op types that take a variable's handle or ref and only read it.
+_READ_OP_TYPES = frozenset(["ReadVariableOp", "ResourceGather",
+                            "ResourceGatherNd", "VariableShape",
+                            "VarIsInitializedOp", "IsVariableInitialized"])
+# Op types a variable's handle or ref goes through on its way to the op that
+# writes it (v1 control flow passes it through a Switch or an Enter).
+_HANDLE_OP_TYPES = frozenset(["Identity", "RefIdentity", "Switch", "RefSwitch",
+                              "Enter", "RefEnter"])
+# v1 control flow. A cond hands its result back through a Merge, a loop
+# through an Exit: there the search enters the cond or loop.
+_V1_RESULT_OP_TYPES = frozenset(["Merge", "RefMerge", "Exit", "RefExit"])
+_V1_CONTROL_FLOW_OP_TYPES = _HANDLE_OP_TYPES | _V1_RESULT_OP_TYPES | frozenset(
+    ["NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"])
+# v2 conds: functional ops whose branches are FuncGraphs (see _branch_graphs).
+_V2_COND_OP_TYPES = frozenset(["If", "StatelessIf", "Case", "StatelessCase"])
 # Graph collection of (variable, shadow) pairs, so shadows are made once.
 _SHADOWS_COLLECTION = "tf1_safe_train_rollback_shadows"
 # A meta-graph export (every checkpoint of a MonitoredTrainingSession) cannot
@@ -32,6 +47,11 @@ _SHADOWS_COLLECTION = "tf1_safe_train_rollback_shadows"
 # shadows themselves are saved as the variables they are).
 tf_ops.register_proto_function(
     _SHADOWS_COLLECTION, to_proto=lambda pair, export_scope=None: None)
+# Conds that are apply/skip decisions (see register_decision). An attribute
+# of the graph: a module-level map would keep every graph alive.
+_DECISIONS_ATTRIBUTE = "_tf1_safe_train_decisions"
+# Where `_Search.visit` goes on: outside any v1 cond or loop, or nowhere.
+_TOP, _STOP = object(), object()
 
 
 def as_op(op_or_tensor):
@@ -49,13 +69,189 @@ def _variable_ops(graph):
   return {v.op: v for v in variables}
 
 
+def register_decision(output):
+  """Marks the `tf.cond` that returned `output` as an apply/skip decision.
+
+  `find_writes` does not follow into it: its branches' writes (the
+  optimizer's update, counters, shadow copies) are the decision itself, not
+  updates to roll back.
+
+  Args:
+    output: a Tensor returned by the decision's `tf.cond`.
+  """
+  op = output.op
+  while op.type == "Identity":  # cond_v2 returns identities of its If's
+    op = op.inputs[0].op
+  decisions = getattr(op.graph, _DECISIONS_ATTRIBUTE, None)
+  if decisions is None:
+    decisions = set()
+    setattr(op.graph, _DECISIONS_ATTRIBUTE, decisions)
+  decisions.add(op)
+
+
+def _contexts(op):
+  """The v1 cond and loop contexts `op` is built in, innermost first."""
+  ctx = op._get_control_flow_context()  # pylint: disable=protected-access
+  found = []
+  while ctx is not None:
+    found.append(ctx)
+    ctx = ctx.outer_context
+  return found
+
+
+def in_control_flow(op):
+  """True if `op` is built in a cond or loop (v1 context or v2 branch)."""
+  return bool(_contexts(op)) or op.graph.building_function
+
+
+def _branch_graphs(op):
+  """The FuncGraphs of a v2 cond's branches, or None if they are unknown."""
+  # cond_v2 keeps them on the op (tensorflow/python/ops/cond_v2.py); an
+  # imported graph has only the function names.
+  if op.type in ("If", "StatelessIf"):
+    names = ["_true_graph", "_false_graph"]
+  else:
+    names = ["_branch_graph_%d" % i
+             for i in range(len(op.get_attr("branches")))]
+  graphs = [getattr(op, n, None) for n in names]
+  return None if any(g is None for g in graphs) else graphs
+
+
+class _Search(object):
+  """One search of `find_writes`: what it found, and how it names targets."""
+
+  def __init__(self, graph):
+    self.var_ops = _variable_ops(graph)
+    self.decisions = getattr(graph, _DECISIONS_ATTRIBUTE, set())
+    # Placeholder op in a v2 branch -> the cond's input it stands for.
+    self.bindings = {}
+    self.writes, self.others = [], []
+
+  def target(self, tensor):
+    """(variable or None, last op reached) for a handle or a ref."""
+    op = tensor.op
+    while op not in self.var_ops:
+      if op.type in _HANDLE_OP_TYPES:
+        op = op.inputs[0].op
+      elif op in self.bindings:
+        op = self.bindings[op].op
+      else:
+        return None, op
+    return self.var_ops[op], op
+
+  def record(self, op):
+    variable, last = self.target(op.inputs[0])
+    if variable is None:
+      raise ValueError(
+          "update op %s writes %s, which is not a global or local variable "
+          "and cannot be rolled back on a skipped step" % (op.name, last.name))
+    if any(c.IsWhileContext() for c in _contexts(op)):
+      self.refuse(op, variable.op.name, "writes inside a while loop")
+    self.writes.append((op, variable))
+
+  @staticmethod
+  def refuse(op, written, how):
+    raise ValueError(
+        "update op %s (%s) %s %s in a way tf1_safe_train cannot analyse, so "
+        "it cannot be rolled back on a skipped step: write it with assign, "
+        "assign_add or assign_sub (inside a tf.cond is fine) or leave it out "
+        "of update_ops" % (op.name, op.type, how, written))
+
+  def check_unknown(self, op):
+    """Refuses `op` if it may write a variable in a way not known here."""
+    if op.type in _V1_CONTROL_FLOW_OP_TYPES:
+      return
+    # pylint: disable=protected-access
+    # A declared ref input may be written (Assign, ApplyGradientDescent...);
+    # a stateful op may write through a resource handle (While, function
+    # calls, ResourceApply...).
+    handles = [t for t, declared in zip(op.inputs, op._input_types)
+               if declared._is_ref_dtype]
+    if not handles and op._is_stateful:
+      handles = [t for t in op.inputs if t.dtype == tf.resource]
+    if handles:
+      named = [v.op.name for v, _ in map(self.target, handles) if v]
+      self.refuse(op, named[0] if named else handles[0].name, "may write")
+
+  def scan_branches(self, op):
+    """Finds every write in a v2 cond's branches, nested conds included."""
+    graphs = _branch_graphs(op)
+    if graphs is None:
+      self.check_unknown(op)
+      return
+    for graph in graphs:
+      for inner, outer in zip(graph.inputs, op.inputs[1:]):  # 0: predicate
+        self.bindings[inner.op] = outer
+      # A function runs all its stateful ops, so every op is looked at.
+      for inner in graph.get_operations():
+        if inner.type in _WRITE_OP_TYPES:
+          self.record(inner)
+        elif inner.type in _V2_COND_OP_TYPES:
+          self.scan_branches(inner)
+        elif inner.type not in _PASS_THROUGH_OP_TYPES | _READ_OP_TYPES:
+          self.check_unknown(inner)
+
+  def visit(self, op, root):
+    """Handles `op`; returns where to follow its inputs: _TOP, _STOP or root.
+
+    Outside control flow (`root` is _TOP) the search passes only through
+    identities and groups and stops at writes, so it never walks the forward
+    pass. Inside a v1 cond or loop entered at its Merge or Exit (`root`: the
+    context around it) it follows every input until the Switch or Enter that
+    brings a value in from outside.
+    """
+    if op.type in _WRITE_OP_TYPES:
+      self.record(op)
+      return _STOP if root is _TOP else root
+    if op.type in _V2_COND_OP_TYPES:
+      if root is _TOP:
+        self.others.append(op)
+      self.scan_branches(op)
+      return _STOP if root is _TOP else root
+    if op.type in _V1_RESULT_OP_TYPES:
+      if root is _TOP:
+        self.others.append(op)
+        ctxs = _contexts(op)
+        return ctxs[0] if ctxs else None
+      return root
+    if op.type in _PASS_THROUGH_OP_TYPES or (
+        root is not _TOP and op.type in _READ_OP_TYPES):
+      return root
+    self.check_unknown(op)
+    if root is _TOP:
+      if op not in self.var_ops:
+        self.others.append(op)
+      return _STOP
+    return root
+
+  def run(self, ops):
+    seen, stack = set(), [(op, _TOP) for op in reversed(ops)]
+    while stack:
+      op, root = stack.pop()
+      if op in seen or op in self.decisions:
+        continue
+      seen.add(op)
+      inner = self.visit(op, root)
+      if inner is _STOP:
+        continue
+      for nxt in reversed([t.op for t in op.inputs] + list(op.control_inputs)):
+        ctxs = _contexts(nxt)
+        if inner is _TOP or (ctxs and ctxs[0] is not inner and (
+            inner is None or inner in ctxs)):
+          stack.append((nxt, inner))
+
+
 def find_writes(update_ops):
   """Follows `update_ops` to the ops that write variables.
 
   Each update op is followed through identities, groups and reads until the
   ops that write a variable (`AssignSub` for the usual moving average, any
   assign or scatter); the search stops there, so it never walks the forward
-  pass.
+  pass. It follows into conds (the moving averages of a batch norm whose
+  `training` is a tensor are written in one): a v1 cond from its Merge back
+  to the Switch ops that bring values in, a v2 cond (`If`, `Case`) through
+  every op of its branch functions, nested conds too. Conds registered by
+  `register_decision` are not entered.
 
   Args:
     update_ops: Operations, Tensors or variable reads, e.g. the contents of
@@ -63,39 +259,24 @@ def find_writes(update_ops):
 
   Returns:
     (writes, others): `writes` lists (write op, variable) pairs in the order
-    found; `others` lists the ops reached that neither write a variable nor
-    pass through (for callers that accept only some kinds of update).
+    found (`in_control_flow(op)` tells those inside a cond); `others` lists
+    the ops reached outside control flow that neither write a variable nor
+    pass through, and the conds entered (for callers that accept only some
+    kinds of update).
 
   Raises:
-    ValueError: if an update op writes something that is not a variable of the
-      graph's global or local variables collections.
+    ValueError: if an update op writes something that is not a global or
+      local variable, writes inside a while loop, or may write a variable in
+      a way not known here (a write op of another type, a function call, a
+      v2 loop or any stateful op given a variable's handle or ref): one line
+      naming the op and the variable.
   """
   if not update_ops:
     return [], []
   ops = [as_op(u) for u in update_ops]
-  var_ops = _variable_ops(ops[0].graph)
-  writes, others, seen, stack = [], [], set(), list(reversed(ops))
-  while stack:
-    op = stack.pop()
-    if op in seen:
-      continue
-    seen.add(op)
-    if op.type in _WRITE_OP_TYPES:
-      target = op.inputs[0].op
-      while target not in var_ops and target.type == "Identity":
-        target = target.inputs[0].op
-      if target not in var_ops:
-        raise ValueError(
-            "update op %s writes %s, which is not a global or local variable "
-            "and cannot be rolled back on a skipped step" % (op.name,
-                                                             target.name))
-      writes.append((op, var_ops[target]))
-    elif op.type in _PASS_THROUGH_OP_TYPES:
-      stack.extend(reversed([t.op for t in op.inputs] +
-                            list(op.control_inputs)))
-    elif op not in var_ops:
-      others.append(op)
-  return writes, others
+  search = _Search(ops[0].graph)
+  search.run(ops)
+  return search.writes, search.others
 
 
 def written_variables(update_ops):
@@ -184,9 +365,17 @@ def statistics_deltas(update_ops):
 
   Raises:
     ValueError: for an update op that is not an assign_add/assign_sub of a
-      graph variable (moving averages are).
+      graph variable (moving averages are), e.g. one inside a cond (a batch
+      norm whose `training` is a tensor): its delta cannot leave the cond.
   """
   writes, others = find_writes(update_ops)
+  for op, variable in writes:
+    if in_control_flow(op):
+      raise ValueError(
+          "update op %s writes %s inside a cond: in a cluster, update ops "
+          "are applied with the step's decision as deltas, which cannot be "
+          "taken out of a cond (give batch norm a Python bool `training`)" %
+          (op.name, variable.op.name))
   unsupported = others + [op for op, _ in writes
                           if op.type not in _ADD_SUB_SIGNS]
   if unsupported:
