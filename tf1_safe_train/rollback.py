@@ -99,6 +99,13 @@ def _contexts(op):
   return found
 
 
+def op_name(op):
+  """`op`'s name, prefixed by its function's for an op in a v2 cond branch."""
+  if op.graph.building_function:
+    return "%s/%s" % (op.graph.name, op.name)
+  return op.name
+
+
 def in_control_flow(op):
   """True if `op` is built in a cond or loop (v1 context or v2 branch)."""
   return bool(_contexts(op)) or op.graph.building_function
@@ -144,18 +151,19 @@ class _Search(object):
     if variable is None:
       raise ValueError(
           "update op %s writes %s, which is not a global or local variable "
-          "and cannot be rolled back on a skipped step" % (op.name, last.name))
+          "and cannot be rolled back on a skipped step" % (op_name(op),
+                                                           last.name))
     if any(c.IsWhileContext() for c in _contexts(op)):
-      self.refuse(op, variable.op.name, "writes inside a while loop")
+      self.refuse(op, "writes %s inside a while loop" % variable.op.name)
     self.writes.append((op, variable))
 
   @staticmethod
-  def refuse(op, written, how):
+  def refuse(op, what):
     raise ValueError(
-        "update op %s (%s) %s %s in a way tf1_safe_train cannot analyse, so "
-        "it cannot be rolled back on a skipped step: write it with assign, "
-        "assign_add or assign_sub (inside a tf.cond is fine) or leave it out "
-        "of update_ops" % (op.name, op.type, how, written))
+        "update op %s (%s) %s; tf1_safe_train cannot analyse that write to "
+        "roll it back on a skipped step: write it with assign, assign_add or "
+        "assign_sub (inside a tf.cond is fine), or leave it out of the update "
+        "ops" % (op_name(op), op.type, what))
 
   def check_unknown(self, op):
     """Refuses `op` if it may write a variable in a way not known here."""
@@ -170,8 +178,10 @@ class _Search(object):
     if not handles and op._is_stateful:
       handles = [t for t in op.inputs if t.dtype == tf.resource]
     if handles:
-      named = [v.op.name for v, _ in map(self.target, handles) if v]
-      self.refuse(op, named[0] if named else handles[0].name, "may write")
+      named = [v.op.name for v, _ in map(self.target, handles)
+               if v is not None]
+      self.refuse(op, "may write %s" % (named[0] if named else
+                                          handles[0].name))
 
   def scan_branches(self, op):
     """Finds every write in a v2 cond's branches, nested conds included."""
@@ -211,7 +221,8 @@ class _Search(object):
     if op.type in _V1_RESULT_OP_TYPES:
       if root is _TOP:
         self.others.append(op)
-        ctxs = _contexts(op)
+        # A cond's Merge is built around the cond, a loop's Exit in it.
+        ctxs = _contexts(op)[1 if op.type in ("Exit", "RefExit") else 0:]
         return ctxs[0] if ctxs else None
       return root
     if op.type in _PASS_THROUGH_OP_TYPES or (
@@ -375,7 +386,7 @@ def statistics_deltas(update_ops):
           "update op %s writes %s inside a cond: in a cluster, update ops "
           "are applied with the step's decision as deltas, which cannot be "
           "taken out of a cond (give batch norm a Python bool `training`)" %
-          (op.name, variable.op.name))
+          (op_name(op), variable.op.name))
   unsupported = others + [op for op, _ in writes
                           if op.type not in _ADD_SUB_SIGNS]
   if unsupported:
