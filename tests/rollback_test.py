@@ -1,4 +1,4 @@
-"""Tests for tf1_safe_train.rollback and legacy UPDATE_OPS batch norm."""
+"""Tests for tf1_safe_train.rollback and .writes, legacy UPDATE_OPS batch norm."""
 
 import contextlib
 
@@ -10,6 +10,7 @@ import optimizer_test_util as test_util
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import optimizer as optimizer_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -168,8 +169,8 @@ class CondWritesTest(tf.test.TestCase, parameterized.TestCase):
       update = _cond_write(pred, moving_mean, value)
       self.assertEqual(["moving_mean"],
                        _names(rollback.written_variables([update])))
-      writes, others = rollback.find_writes([update])
-      self.assertTrue(all(rollback.in_control_flow(op) for op, _ in writes))
+      written, others = rollback.find_writes([update])
+      self.assertTrue(all(writes.in_control_flow(op) for op, _ in written))
       self.assertLen(others, 1)  # the cond's If or Merge
 
   @parameterized.named_parameters(*_CONFIGS)
@@ -217,7 +218,7 @@ class CondWritesTest(tf.test.TestCase, parameterized.TestCase):
       a = tf1.get_variable("a", initializer=tf.constant([1.0]))
       decided = _cond_write(pred, a, [0.5])
       self.assertEqual(["a"], _names(rollback.written_variables([decided])))
-      rollback.register_decision(decided)
+      writes.register_decision(decided)
       self.assertEqual([], rollback.written_variables([decided]))
 
 

@@ -15,6 +15,7 @@ from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-
 
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -293,7 +294,7 @@ def guarded_apply(grads_and_vars,
                ([global_step] if global_step is not None else []))
     with _control_flow_for(touched):
       applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
-    rollback.register_decision(applied)
+    writes.register_decision(applied)
     step_ops = [applied]
     if global_step is not None and increment_global_step_on_skip:
       with tf1.control_dependencies([applied]):

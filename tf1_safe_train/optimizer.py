@@ -16,6 +16,7 @@ from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import guard
 from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -280,7 +281,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       # pylint: disable=protected-access
       with guard._control_flow_for(protected.variables):
         decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
-      rollback.register_decision(decided)
+      writes.register_decision(decided)
       return tf.group(*(ops + [decided]), name="protected")
 
   def applied(self):
