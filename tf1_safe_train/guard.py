@@ -126,7 +126,7 @@ def sum_duplicates(grad):
 
   Returns:
     `grad`, or an `IndexedSlices` with unique indices in first-seen order
-    (unique indices keep their values bit for bit).
+    (unique indices keep their values, as in the optimizer's own sum).
   """
   if not isinstance(grad, tf.IndexedSlices):
     return grad
