@@ -190,6 +190,17 @@ class CondWritesTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(["a", "b"],
                        _names(rollback.written_variables([update])))
 
+  def testFindsWriteInASwitchCaseBranch(self):
+    with tf.Graph().as_default():
+      index = tf1.placeholder_with_default(1, [])
+      a, b = [tf1.get_variable(n, initializer=tf.constant([1.0]),
+                               trainable=False) for n in "ab"]
+      update = tf.switch_case(index, [
+          lambda: tf.identity(a.read_value()),
+          lambda: tf.identity(tf1.assign_sub(b, [0.5]))])
+      self.assertEqual("Case", update.op.inputs[0].op.type)
+      self.assertEqual(["b"], _names(rollback.written_variables([update])))
+
   @parameterized.named_parameters(*_CONFIGS)
   def testCondThatWritesNothingIsFine(self, cf_v2, resource):
     with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
@@ -285,8 +296,10 @@ class UnanalysableWritesTest(tf.test.TestCase, parameterized.TestCase):
                            lambda i, s: (i + 1, s * 2.0),
                            [tf.constant(0), x])
       printed = tf.print(x)
+      table = tf1.get_variable("table", initializer=tf.ones([4, 3]))
+      gathered = tf.identity(tf.gather(table, [0, 2]))  # ResourceGather
       self.assertEqual([], rollback.written_variables(
-          [tf.identity(loop[1]), printed]))
+          [tf.identity(loop[1]), printed, gathered]))
 
 
 class RollbackTest(tf.test.TestCase):

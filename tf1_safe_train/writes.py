@@ -33,6 +33,9 @@ _HANDLE_OP_TYPES = frozenset(["Identity", "RefIdentity", "Switch", "RefSwitch",
 _V1_RESULT_OP_TYPES = frozenset(["Merge", "RefMerge", "Exit", "RefExit"])
 _V1_CONTROL_FLOW_OP_TYPES = _HANDLE_OP_TYPES | _V1_RESULT_OP_TYPES | frozenset(
     ["NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"])
+# Op types that may take a variable's handle or ref but never write it.
+_NOT_WRITING_OP_TYPES = (_PASS_THROUGH_OP_TYPES | _READ_OP_TYPES |
+                         _V1_CONTROL_FLOW_OP_TYPES)
 # v2 conds: functional ops whose branches are FuncGraphs (see _branch_graphs).
 _V2_COND_OP_TYPES = frozenset(["If", "StatelessIf", "Case", "StatelessCase"])
 # Conds that are apply/skip decisions (see register_decision). An attribute
@@ -155,7 +158,7 @@ class _Search(object):
 
   def check_unknown(self, op):
     """Refuses `op` if it may write a variable in a way not known here."""
-    if op.type in _V1_CONTROL_FLOW_OP_TYPES:
+    if op.type in _NOT_WRITING_OP_TYPES:
       return
     # pylint: disable=protected-access
     # A declared ref input may be written (Assign, ApplyGradientDescent...);
@@ -186,7 +189,7 @@ class _Search(object):
           self.record(inner)
         elif inner.type in _V2_COND_OP_TYPES:
           self.scan_branches(inner)
-        elif inner.type not in _PASS_THROUGH_OP_TYPES | _READ_OP_TYPES:
+        else:
           self.check_unknown(inner)
 
   def visit(self, op, root):
