@@ -211,6 +211,26 @@ class WhichUpdateOpsRunTest(tf.test.TestCase, parameterized.TestCase):
                                                           [])):
             self.assertTrue(np.array_equal(value, kept), (value, kept))
 
+  def testUpdateOpsTheGradientsDependOnAreFoundAndRolledBack(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [4, 3])
+      loss = _tower(0, x)
+      variables = tf1.trainable_variables()
+      with tf1.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        grads = tf1.gradients(loss, variables)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      train_op = opt.apply_gradients(list(zip(grads, variables)))
+      moving = _moving_statistics()
+      self.assertEqual(_names(moving),
+                       sorted(opt.guard_result().update_variable_names))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        _assert_skip_rolls_back(
+            self, sess, train_op,
+            lambda seed, nan=False: {x: _batch(2, seed, nan)}, moving)
+
   def testSlimBarrierUpdateOpsAreFoundAndRolledBack(self):
     # tf-slim's create_train_op: the update ops are a barrier the loss
     # depends on, not control dependencies of apply_gradients.

@@ -216,7 +216,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     for tensor in tf.nest.flatten(tensors, expand_composites=True):
       stack.append(tensor.op)
     found, seen = set(), set()
-    while stack:
+    while stack and len(found) < len(entries):
       op = stack.pop()
       if op in seen:
         continue
