@@ -1,4 +1,4 @@
-"""Tests for tf1_safe_train.rollback and .writes, legacy UPDATE_OPS batch norm."""
+"""Tests for tf1_safe_train.rollback and .writes; legacy UPDATE_OPS."""
 
 import contextlib
 

@@ -5,8 +5,9 @@ forward pass, outside the `tf.cond` that decides a step, so they cannot be
 moved into its apply branch. Each such variable gets a shadow copy: the apply
 branch copies the variable into its shadow, the skip branch copies the shadow
 back, so after a skipped step the variable holds its last applied value again.
-Which variables an update op writes is found by `writes`. In a cluster (`statistics_deltas`) the writes become deltas applied with the
-decision instead.
+Which variables an update op writes is found by `writes`. In a cluster
+(`statistics_deltas`) the writes become deltas applied with the decision
+instead.
 """
 
 import tensorflow as tf
