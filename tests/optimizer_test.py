@@ -328,6 +328,26 @@ class WrapperApiTest(tf.test.TestCase):
         sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, saved, test_util.snapshot(sess, counters))
 
+  def testUpdateOpItCannotAnalyseIsRefusedAtGraphBuild(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, _ = test_util.model(x)
+      stat = tf1.get_variable("stat", initializer=tf.constant([1.0]),
+                              trainable=False)
+      # A moving statistic that a loop writes: it cannot be rolled back.
+      def _body(i):
+        with tf1.control_dependencies([tf1.assign_sub(stat, [0.1])]):
+          return i + 1
+      loop = tf.while_loop(lambda i: i < 2, _body, [tf.constant(0)])[0]
+      tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, loop)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      with tf1.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        with self.assertRaisesRegex(
+            ValueError, r"^update op while \(While\) may write stat;[^\n]*$"):
+          opt.minimize(loss)
+
   def testAppliedIsTrueOnFiniteStepAndFalseOnNanStep(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
