@@ -65,10 +65,10 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
   the script did not run. Update ops grouped into the train op after
   `apply_gradients` are not seen here: pass the train op through `protect`
   (the warning at session start names variables written outside the
-  decision).
-  Variables in conds (a batch norm whose `training` is a tensor) are found
-  too; an update op whose writes cannot be analysed (a loop, a function
-  call, an unknown write op) raises a ValueError naming it.
+  decision). Variables written in conds (a batch norm whose `training` is a
+  tensor) are found too; an update op whose writes cannot be analysed (a
+  loop, a function call, an unknown write op) raises a ValueError naming it
+  and the variable.
   """
 
   def __init__(self,
