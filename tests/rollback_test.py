@@ -277,6 +277,14 @@ class UnanalysableWritesTest(tf.test.TestCase, parameterized.TestCase):
                                   r"[^\n]*$"):
         rollback.written_variables([update])
 
+  def testUnknownWriteOfAVariableOutsideTheCollectionsIsRefused(self):
+    with tf.Graph().as_default():
+      hidden = tf1.Variable([1.0], collections=[], name="hidden")
+      with self.assertRaisesRegex(
+          ValueError, r"^update op \S+ \(ResourceScatterMul\) may write "
+          r"hidden \(not a global or local variable\);[^\n]*$"):
+        rollback.written_variables([_scatter_mul(hidden)])
+
   def testFunctionCallIsRefused(self):
     with tf.Graph().as_default():
       stat = tf1.get_variable("stat", initializer=tf.constant([1.0]),
@@ -298,8 +306,11 @@ class UnanalysableWritesTest(tf.test.TestCase, parameterized.TestCase):
       printed = tf.print(x)
       table = tf1.get_variable("table", initializer=tf.ones([4, 3]))
       gathered = tf.identity(tf.gather(table, [0, 2]))  # ResourceGather
+      # A stateful op given a handle that is not a variable's.
+      batch = tf1.data.make_one_shot_iterator(
+          tf.data.Dataset.range(3)).get_next()
       self.assertEqual([], rollback.written_variables(
-          [tf.identity(loop[1]), printed, gathered]))
+          [tf.identity(loop[1]), printed, gathered, tf.identity(batch)]))
 
 
 class RollbackTest(tf.test.TestCase):

@@ -24,6 +24,8 @@ _PASS_THROUGH_OP_TYPES = frozenset(["Identity", "IdentityN", "NoOp",
 _READ_OP_TYPES = frozenset(["ReadVariableOp", "ResourceGather",
                             "ResourceGatherNd", "VariableShape",
                             "VarIsInitializedOp", "IsVariableInitialized"])
+# Op types that create a variable (in a graph's collections or not).
+_VARIABLE_OP_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 # Op types a variable's handle or ref goes through on its way to the op that
 # writes it (v1 control flow passes it through a Switch or an Enter).
 _HANDLE_OP_TYPES = frozenset(["Identity", "RefIdentity", "Switch", "RefSwitch",
@@ -163,16 +165,19 @@ class _Search(object):
     # pylint: disable=protected-access
     # A declared ref input may be written (Assign, ApplyGradientDescent...);
     # a stateful op may write through a resource handle (While, function
-    # calls, ResourceApply...).
+    # calls, ResourceApply...). Handles of iterators, tables or queues are
+    # not variables: what is done to them is not rolled back anyway.
     handles = [t for t, declared in zip(op.inputs, op._input_types)
                if declared._is_ref_dtype]
-    if not handles and op._is_stateful:
-      handles = [t for t in op.inputs if t.dtype == tf.resource]
-    if handles:
-      named = [v.op.name for v, _ in map(self.target, handles)
-               if v is not None]
-      self.refuse(op, "may write %s" % (named[0] if named else
-                                          handles[0].name))
+    if op._is_stateful:
+      handles += [t for t in op.inputs if t.dtype == tf.resource]
+    for handle in handles:
+      variable, last = self.target(handle)
+      if variable is not None:
+        self.refuse(op, "may write %s" % variable.op.name)
+      if last.type in _VARIABLE_OP_TYPES:
+        self.refuse(op, "may write %s (not a global or local variable)" %
+                    last.name)
 
   def scan_branches(self, op):
     """Finds every write in a v2 cond's branches, nested conds included."""
