@@ -194,6 +194,70 @@ class IsNonfiniteTest(tf.test.TestCase):
         self.assertTrue(sess.run(flag, {x: [1e308, _NAN]}))
 
 
+class SumDuplicatesTest(tf.test.TestCase):
+
+  def testSumsValuesOfRepeatedIndicesInFirstSeenOrder(self):
+    with tf.Graph().as_default():
+      slices = tf.IndexedSlices(
+          tf.constant([[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]]),
+          tf.constant([3, 1, 3]), tf.constant([5, 2]))
+      summed = guard.sum_duplicates(slices)
+      self.assertIsInstance(summed, tf.IndexedSlices)
+      with tf1.Session() as sess:
+        values, indices, shape = sess.run(
+            [summed.values, summed.indices, summed.dense_shape])
+    self.assertAllEqual([3, 1], indices)
+    self.assertAllEqual([[101.0, 202.0], [10.0, 20.0]], values)
+    self.assertAllEqual([5, 2], shape)
+
+  def testUniqueIndicesKeepTheirValuesBitForBit(self):
+    # (Not subnormals, which the sum flushes to zero on CPU, as the wrapped
+    # optimizer's own sum of the same indices does.)
+    values = np.array([[0.1, -3e-38], [7e37, 1.0 / 3]], np.float32)
+    with tf.Graph().as_default():
+      summed = guard.sum_duplicates(
+          tf.IndexedSlices(tf.constant(values), tf.constant([4, 2])))
+      with tf1.Session() as sess:
+        got, indices = sess.run([summed.values, summed.indices])
+    self.assertTrue(np.array_equal(values, got))
+    self.assertAllEqual([4, 2], indices)
+
+  def testDenseAndNoneAreUnchanged(self):
+    with tf.Graph().as_default():
+      dense = tf.constant([1.0])
+      self.assertIs(dense, guard.sum_duplicates(dense))
+      self.assertIsNone(guard.sum_duplicates(None))
+
+  def testRepeatedIndicesWhoseSumOverflowsAreSkipped(self):
+    # Each value is finite; the row the optimizer would apply is not.
+    with tf.Graph().as_default():
+      table = tf1.get_variable("table", initializer=tf.zeros([3, 2]))
+      values = tf1.placeholder(tf.float32, [2, 2])
+      slices = tf.IndexedSlices(values, tf.constant([1, 1]),
+                                tf.constant([3, 2]))
+      seen = []
+
+      def _apply(grads_and_vars):
+        seen.append(grads_and_vars[0][0])
+        return tf1.train.GradientDescentOptimizer(1.0).apply_gradients(
+            grads_and_vars)
+
+      result = guard.guarded_apply([(slices, table)], _apply)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        _, applied, indices = sess.run(
+            [result.train_op, result.applied, seen[0].indices],
+            {values: np.full([2, 2], 1.0, np.float32)})
+        self.assertTrue(applied)
+        self.assertAllEqual([1], indices)  # apply_fn gets the sums
+        before = sess.run(table)
+        self.assertAllEqual([[0, 0], [-2, -2], [0, 0]], before)
+        _, applied = sess.run([result.train_op, result.applied],
+                              {values: np.full([2, 2], 2e38, np.float32)})
+        self.assertFalse(applied)
+        self.assertTrue(np.array_equal(before, sess.run(table)))
+
+
 class _Step(object):
   """One variable `w`, a fed gradient, and a guarded SGD step over it."""
 

@@ -328,6 +328,26 @@ class WrapperApiTest(tf.test.TestCase):
         sess.run(train_op, {x: test_util.NAN_X})
         _assert_bit_identical(self, saved, test_util.snapshot(sess, counters))
 
+  def testUpdateOpItCannotAnalyseIsRefusedAtGraphBuild(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loss, _ = test_util.model(x)
+      stat = tf1.get_variable("stat", initializer=tf.constant([1.0]),
+                              trainable=False)
+      # A moving statistic that a loop writes: it cannot be rolled back.
+      def _body(i):
+        with tf1.control_dependencies([tf1.assign_sub(stat, [0.1])]):
+          return i + 1
+      loop = tf.while_loop(lambda i: i < 2, _body, [tf.constant(0)])[0]
+      tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, loop)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      with tf1.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        with self.assertRaisesRegex(
+            ValueError, r"^update op while \(While\) may write stat;[^\n]*$"):
+          opt.minimize(loss)
+
   def testAppliedIsTrueOnFiniteStepAndFalseOnNanStep(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
@@ -385,6 +405,90 @@ class SparseGradientTest(tf.test.TestCase, parameterized.TestCase):
         _assert_bit_identical(self, after_good,
                               test_util.snapshot(sess, counters))
         self.assertEqual([1, 1, 1], sess.run(counters))
+
+
+# dtype name -> (dtype, a finite gradient value whose double is not finite).
+_OVERFLOWING = {"Float32": (tf.float32, 2e38), "Float16": (tf.float16, 4e4)}
+# (Adagrad's accumulator overflows on one such value alone: not this case.)
+_SPARSE_OPTIMIZERS = {
+    "GradientDescent": lambda: tf1.train.GradientDescentOptimizer(1.0),
+    "Momentum": lambda: tf1.train.MomentumOptimizer(1.0, momentum=0.9),
+}
+
+
+def _lookup_twice(table, how):
+  """Row 1 of `table`, looked up twice: a gradient with index 1 twice."""
+  if how == "EmbeddingLookup":
+    return tf.nn.embedding_lookup(table, [1, 1, 2])
+  return tf.concat([tf.gather(table, [1]), tf.gather(table, [1, 2])], 0)
+
+
+class RepeatedSparseIndicesTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _build(self, dtype, make, how, wrapped):
+    table = tf1.get_variable("table", dtype=dtype, initializer=tf.constant(
+        [[0.5, -0.5], [0.25, 1.0], [-1.0, 0.75]], dtype))
+    scale = tf1.placeholder(dtype, [])
+    loss = tf.reduce_sum(_lookup_twice(table, how) * scale)
+    opt = make()
+    if wrapped:
+      opt = optimizer_lib.SkipNonFiniteOptimizer(opt)
+    grads_and_vars = opt.compute_gradients(loss, [table])
+    grad = grads_and_vars[0][0]
+    self.assertIsInstance(grad, tf.IndexedSlices)
+    return table, scale, opt, opt.apply_gradients(grads_and_vars)
+
+  @parameterized.named_parameters(
+      (dtype + name + how, dtype, name, how)
+      for dtype in sorted(_OVERFLOWING) for name in sorted(_SPARSE_OPTIMIZERS)
+      for how in ("EmbeddingLookup", "GatherTwice"))
+  def testFiniteValuesWhoseSumOverflowsSkip(self, dtype_name, opt_name, how):
+    dtype, big = _OVERFLOWING[dtype_name]
+    for wrapped in (False, True):
+      with tf.Graph().as_default():
+        table, scale, opt, train_op = self._build(
+            dtype, _SPARSE_OPTIMIZERS[opt_name], how, wrapped)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          counters = list(counters_lib.skip_counters()) if wrapped else []
+          sess.run(train_op, {scale: 1.0})
+          before = test_util.snapshot(sess, counters)
+          fetches = [train_op] + ([opt.applied()] if wrapped else [])
+          applied = sess.run(fetches, {scale: big})[1:]
+          after = test_util.snapshot(sess, counters)
+          if not wrapped:
+            # What the wrapper prevents: finite gradients, a non-finite sum.
+            self.assertFalse(np.isfinite(np.concatenate(
+                [v.ravel() for v in after.values()])).all())
+            continue
+          self.assertEqual([False], applied)
+          _assert_bit_identical(self, before, after)
+
+  @parameterized.named_parameters(
+      (name, name) for name in ("GradientDescent", "Momentum", "Adagrad",
+                                "Adam"))
+  def testUniqueIndicesApplyLikeUnwrapped(self, opt_name):
+    make = _OPTIMIZERS[opt_name][0]
+    states = []
+    for wrapped in (False, True):
+      with tf.Graph().as_default():
+        table = tf1.get_variable("table", initializer=tf.constant(
+            [[0.5, -0.5], [0.25, 1.0], [-1.0, 0.75]]))
+        scale = tf1.placeholder(tf.float32, [])
+        loss = tf.reduce_sum(
+            tf.nn.embedding_lookup(table, [2, 0]) * scale * [1.5, -0.3])
+        opt = make()
+        if wrapped:
+          opt = optimizer_lib.SkipNonFiniteOptimizer(opt)
+        train_op = opt.minimize(loss)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          for value in (1.0, 0.7, -2.1):
+            sess.run(train_op, {scale: value})
+          states.append(test_util.snapshot(
+              sess, list(counters_lib.skip_counters()) if wrapped else []))
+    _assert_bit_identical(self, states[0], states[1])
+    self.assertIn("table", states[1])
 
 
 if __name__ == "__main__":

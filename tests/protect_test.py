@@ -279,7 +279,9 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
         train_op = opt.minimize(loss)
       self.assertEqual([2, 0], self._runs(train_op, x, runs))
 
-  def testWithoutControlDependenciesEveryUpdateOpRuns(self):
+  def testWithoutControlDependenciesNoUpdateOpRuns(self):
+    # Wrapping never makes a step run an update op the script did not run
+    # (before, every UPDATE_OPS entry ran: issue 12, item 6).
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       runs = _tower_update_ops()
@@ -287,9 +289,10 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
       opt = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1))
       train_op = opt.minimize(loss)
-      self.assertEqual([2, 2], self._runs(train_op, x, runs))
+      self.assertEqual([0, 0], self._runs(train_op, x, runs))
+      self.assertEqual([], opt.guard_result().update_variable_names)
 
-  def testUnrelatedControlDependenciesMeanEveryUpdateOp(self):
+  def testUnrelatedControlDependenciesRunNoUpdateOp(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       runs = _tower_update_ops()
@@ -298,7 +301,7 @@ class DefaultUpdateOpsTest(tf.test.TestCase, parameterized.TestCase):
           tf1.train.GradientDescentOptimizer(0.1))
       with tf1.control_dependencies([tf.identity(x)]):
         train_op = opt.minimize(loss)
-      self.assertEqual([2, 2], self._runs(train_op, x, runs))
+      self.assertEqual([0, 0], self._runs(train_op, x, runs))
 
   def testExplicitUpdateOpsWin(self):
     with tf.Graph().as_default():

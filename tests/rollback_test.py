@@ -1,4 +1,4 @@
-"""Tests for tf1_safe_train.rollback and legacy UPDATE_OPS batch norm."""
+"""Tests for tf1_safe_train.rollback and .writes; legacy UPDATE_OPS."""
 
 import contextlib
 
@@ -6,9 +6,11 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+import optimizer_test_util as test_util
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import optimizer as optimizer_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -136,6 +138,179 @@ class WrittenVariablesTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(
           ["local"],
           _names(rollback.written_variables([tf1.assign_sub(local, [1.0])])))
+
+
+# name -> (control flow v2, resource variables), for test_util.tf_config.
+_CONFIGS = (("CondV2", True, True), ("CondV1", False, True),
+            ("CondV1RefVariables", False, False))
+
+
+def _cond_write(pred, variable, value):
+  """A cond that writes `variable` when `pred`, else only reads it."""
+  return tf.cond(pred,
+                 lambda: tf.identity(tf1.assign_sub(variable, value)),
+                 lambda: tf.identity(variable.read_value()))
+
+
+class CondWritesTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(*_CONFIGS)
+  def testFindsWriteInsideCondButNotTheForwardPass(self, cf_v2, resource):
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
+      pred = tf1.placeholder_with_default(True, [])
+      seen = tf1.get_variable("seen", initializer=tf.constant([0.0]),
+                              trainable=False)
+      moving_mean = tf1.get_variable("moving_mean",
+                                     initializer=tf.constant([0.0]),
+                                     trainable=False)
+      # The value the cond takes in comes from a forward pass that itself
+      # writes a variable: not an update op's write.
+      value = tf.identity(tf1.assign_add(seen, [1.0])) * 0.1
+      update = _cond_write(pred, moving_mean, value)
+      self.assertEqual(["moving_mean"],
+                       _names(rollback.written_variables([update])))
+      written, others = rollback.find_writes([update])
+      self.assertTrue(all(writes.in_control_flow(op) for op, _ in written))
+      self.assertLen(others, 1)  # the cond's If or Merge
+
+  @parameterized.named_parameters(*_CONFIGS)
+  def testFindsWritesInNestedConds(self, cf_v2, resource):
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
+      outer = tf1.placeholder_with_default(True, [])
+      inner = tf1.placeholder_with_default(True, [])
+      a, b = [tf1.get_variable(n, initializer=tf.constant([1.0]),
+                               trainable=False) for n in "ab"]
+
+      def _outer_true():
+        # Computed inside the outer branch: the inner cond's input.
+        half = tf.identity(tf1.assign_sub(a, [0.5])) * 0.5
+        return _cond_write(inner, b, half)
+
+      update = tf.cond(outer, _outer_true, lambda: tf.identity(b.read_value()))
+      self.assertEqual(["a", "b"],
+                       _names(rollback.written_variables([update])))
+
+  def testFindsWriteInASwitchCaseBranch(self):
+    with tf.Graph().as_default():
+      index = tf1.placeholder_with_default(1, [])
+      a, b = [tf1.get_variable(n, initializer=tf.constant([1.0]),
+                               trainable=False) for n in "ab"]
+      update = tf.switch_case(index, [
+          lambda: tf.identity(a.read_value()),
+          lambda: tf.identity(tf1.assign_sub(b, [0.5]))])
+      self.assertEqual("Case", update.op.inputs[0].op.type)
+      self.assertEqual(["b"], _names(rollback.written_variables([update])))
+
+  @parameterized.named_parameters(*_CONFIGS)
+  def testCondThatWritesNothingIsFine(self, cf_v2, resource):
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
+      pred = tf1.placeholder_with_default(True, [])
+      a = tf1.get_variable("a", initializer=tf.constant([1.0]))
+      update = tf.cond(pred, lambda: tf.identity(a.read_value()),
+                       lambda: tf.identity(a.read_value() * 2.0))
+      self.assertEqual([], rollback.written_variables([update]))
+
+  @parameterized.named_parameters(*_CONFIGS)
+  def testStatisticsDeltasRefusesWriteInsideCond(self, cf_v2, resource):
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
+      pred = tf1.placeholder_with_default(True, [])
+      moving_mean = tf1.get_variable("bn/moving_mean",
+                                     initializer=tf.constant([0.0]),
+                                     trainable=False)
+      update = _cond_write(pred, moving_mean, [0.5])
+      with self.assertRaisesRegex(ValueError,
+                                  r"^update op \S+ writes bn/moving_mean "
+                                  r"inside a cond[^\n]*$"):
+        rollback.statistics_deltas([update])
+
+  def testDecisionCondsAreNotEntered(self):
+    with tf.Graph().as_default():
+      pred = tf1.placeholder_with_default(True, [])
+      a = tf1.get_variable("a", initializer=tf.constant([1.0]))
+      decided = _cond_write(pred, a, [0.5])
+      self.assertEqual(["a"], _names(rollback.written_variables([decided])))
+      writes.register_decision(decided)
+      self.assertEqual([], rollback.written_variables([decided]))
+
+
+def _scatter_mul(variable):
+  return tf1.scatter_mul(variable, [0], [2.0])
+
+
+def _while_assign_add(variable):
+  def _body(i):
+    with tf1.control_dependencies([tf1.assign_add(variable, [1.0])]):
+      return i + 1
+  return tf.nest.flatten(
+      tf.while_loop(lambda i: i < 3, _body, [tf.constant(0)]))[0]
+
+
+def _function_call(variable):
+  @tf.function
+  def _add():
+    variable.assign_add([1.0])
+    return tf.constant(1.0)
+  return _add()
+
+
+def _scatter_mul_in_cond(variable):
+  return tf.cond(tf1.placeholder_with_default(True, []),
+                 lambda: tf.identity(_scatter_mul(variable)),
+                 lambda: tf.identity(variable.read_value()))
+
+
+class UnanalysableWritesTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      (name + config[0], make) + config[1:]
+      for name, make in (("ScatterMul", _scatter_mul),
+                         ("WhileLoop", _while_assign_add),
+                         ("ScatterMulInCond", _scatter_mul_in_cond))
+      for config in _CONFIGS)
+  def testRefusedInOneLineNamingOpAndVariable(self, make, cf_v2, resource):
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
+      stat = tf1.get_variable("stat", initializer=tf.constant([1.0]),
+                              trainable=False)
+      update = make(stat)
+      with self.assertRaisesRegex(ValueError,
+                                  r"^update op \S+ \(\w+\) [^\n]*\bstat\b"
+                                  r"[^\n]*$"):
+        rollback.written_variables([update])
+
+  def testUnknownWriteOfAVariableOutsideTheCollectionsIsRefused(self):
+    with tf.Graph().as_default():
+      hidden = tf1.Variable([1.0], collections=[], name="hidden")
+      with self.assertRaisesRegex(
+          ValueError, r"^update op \S+ \(ResourceScatterMul\) may write "
+          r"hidden \(not a global or local variable\);[^\n]*$"):
+        rollback.written_variables([_scatter_mul(hidden)])
+
+  def testFunctionCallIsRefused(self):
+    with tf.Graph().as_default():
+      stat = tf1.get_variable("stat", initializer=tf.constant([1.0]),
+                              trainable=False)
+      update = _function_call(stat)
+      with self.assertRaisesRegex(
+          ValueError,
+          r"^update op \S+ \(StatefulPartitionedCall\) may write stat;"
+          r"[^\n]*$"):
+        rollback.written_variables([update])
+
+  @parameterized.named_parameters(*_CONFIGS)
+  def testOpsThatWriteNothingAreFine(self, cf_v2, resource):
+    with test_util.tf_config(cf_v2, resource), tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      loop = tf.while_loop(lambda i, s: i < 3,
+                           lambda i, s: (i + 1, s * 2.0),
+                           [tf.constant(0), x])
+      printed = tf.print(x)
+      table = tf1.get_variable("table", initializer=tf.ones([4, 3]))
+      gathered = tf.identity(tf.gather(table, [0, 2]))  # ResourceGather
+      # A stateful op given a handle that is not a variable's.
+      batch = tf1.data.make_one_shot_iterator(
+          tf.data.Dataset.range(3)).get_next()
+      self.assertEqual([], rollback.written_variables(
+          [tf.identity(loop[1]), printed, gathered, tf.identity(batch)]))
 
 
 class RollbackTest(tf.test.TestCase):

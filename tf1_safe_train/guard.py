@@ -15,6 +15,7 @@ from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-
 
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -112,6 +113,30 @@ def _written_is_nonfinite(variable):
   return _check(variable.read_value())
 
 
+def sum_duplicates(grad):
+  """`grad` with the values of repeated `IndexedSlices` indices summed.
+
+  The wrapped optimizers sum them before applying
+  (`Optimizer._deduplicate_indexed_slices`, same ops): checked before that
+  sum, two finite values of one embedding row (2e38 + 2e38 in float32) would
+  pass and write -Inf. Dense gradients and None are returned as they are.
+
+  Args:
+    grad: a Tensor, an `IndexedSlices` or None.
+
+  Returns:
+    `grad`, or an `IndexedSlices` with unique indices in first-seen order
+    (unique indices keep their values, as in the optimizer's own sum).
+  """
+  if not isinstance(grad, tf.IndexedSlices):
+    return grad
+  with tf1.colocate_with(grad.values.op), tf1.name_scope("sum_duplicates"):
+    unique, positions = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, positions,
+                                          tf.shape(unique)[0])
+  return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
 def nonfinite_flags(grads):
   """Returns a bool vector with one `is_nonfinite` flag per non-None gradient.
 
@@ -178,7 +203,9 @@ def guarded_apply(grads_and_vars,
 
   Args:
     grads_and_vars: list of (gradient, variable) pairs; `None` gradients are
-      ignored, `IndexedSlices` are checked through their values.
+      ignored, `IndexedSlices` are checked through their values once the
+      values of repeated indices are summed (`sum_duplicates`), and are
+      handed to `apply_fn` so summed.
     apply_fn: `apply_fn(grads_and_vars) -> Operation` builds the update (the
       optimizer's `apply_gradients` without `global_step`, plus anything that
       must happen only on an applied step, e.g. an EMA of the weights). It is
@@ -208,14 +235,16 @@ def guarded_apply(grads_and_vars,
     ValueError: if no gradient is given.
   """
   grads_and_vars = tuple(grads_and_vars)
-  checked = [(g, v) for g, v in grads_and_vars if g is not None]
-  if not checked:
+  if all(g is None for g, _ in grads_and_vars):
     raise ValueError("guarded_apply: no gradient for any of %d variables" %
                      len(grads_and_vars))
   update_ops = list(update_ops or [])
   counters = counters_lib.skip_counters()
   protected = rollback.Rollback(rollback.written_variables(update_ops))
   with tf1.name_scope(name):
+    # The check and the update see the same values: sparse gradients summed.
+    grads_and_vars = tuple((sum_duplicates(g), v) for g, v in grads_and_vars)
+    checked = [(g, v) for g, v in grads_and_vars if g is not None]
     flags = nonfinite_flags([g for g, _ in checked])
     nonfinite = tf.reduce_any(flags)
     for extra in extra_nonfinite:
@@ -265,6 +294,7 @@ def guarded_apply(grads_and_vars,
                ([global_step] if global_step is not None else []))
     with _control_flow_for(touched):
       applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
+    writes.register_decision(applied)
     step_ops = [applied]
     if global_step is not None and increment_global_step_on_skip:
       with tf1.control_dependencies([applied]):

@@ -16,6 +16,7 @@ from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import guard
 from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -35,9 +36,10 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
   would update, its slots (momentum, Adam's m and v, RMSProp's ms/mom, ...)
   and non-slot accumulators (Adam's beta powers, ...), because the whole
   `apply_gradients` of the wrapped optimizer is built inside the apply branch
-  of one `tf.cond`; and every variable written by the ops in the graph's
-  `UPDATE_OPS` collection (batch-norm moving statistics), which run before the
-  decision and are restored from a shadow copy when the step is skipped.
+  of one `tf.cond`; and every variable written by the step's entries of the
+  graph's `UPDATE_OPS` collection (batch-norm moving statistics, see below),
+  which run before the decision and are restored from a shadow copy when the
+  step is skipped.
 
   Ops the caller builds after `apply_gradients` and runs in the same step (an
   `ExponentialMovingAverage` grouped into the train op, a hand-written
@@ -54,12 +56,19 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
                                       variables_averages_op))
 
   Which `UPDATE_OPS` are rolled back (and run before the decision), unless
-  `update_ops` is given: if `apply_gradients` is called under
-  `tf.control_dependencies` that hold entries of the graph's `UPDATE_OPS`
-  (directly or through `tf.group` / `tf.identity`), exactly those entries,
-  so code that runs only the first tower's statistics keeps doing so;
-  otherwise every `UPDATE_OPS` entry in the graph at that time (as
-  `slim.learning.create_train_op` does), which then all run every step.
+  `update_ops` is given: the entries the step runs anyway, i.e. those among
+  the ancestors of the caller's `tf.control_dependencies` at
+  `apply_gradients` time (the legacy idiom: the first tower's statistics
+  only), of the gradients, or of the losses given to `compute_gradients`
+  (tf-slim's `create_train_op` puts its update ops in a barrier the loss
+  depends on); otherwise none. Wrapping never makes a step run an update op
+  the script did not run. Update ops grouped into the train op after
+  `apply_gradients` are not seen here: pass the train op through `protect`
+  (the warning at session start names variables written outside the
+  decision). Variables written in conds (a batch norm whose `training` is a
+  tensor) are found too; an update op whose writes cannot be analysed (a
+  loop, a function call, an unknown write op) raises a ValueError naming it
+  and the variable.
   """
 
   def __init__(self,
@@ -76,9 +85,10 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       increment_global_step_on_skip: if True (default), `global_step` advances
         on skipped steps too; if False, only on applied steps.
       update_ops: ops whose written variables are rolled back on a skip;
-        default: the `UPDATE_OPS` entries among the caller's control
-        dependencies at `apply_gradients` time, or if there are none all of
-        the graph's `UPDATE_OPS` at that time (see the class docstring).
+        default: the `UPDATE_OPS` entries the step runs anyway (ancestors of
+        the caller's control dependencies at `apply_gradients` time, of the
+        gradients or of the losses), otherwise none (see the class
+        docstring).
       loss_scale: None; "dynamic" for a `loss_scale.DynamicLossScale` with
         its defaults (initial scale 2**15, doubled after 2000 applied steps
         in a row, halved by every skip); or a `DynamicLossScale`. With a loss
@@ -107,6 +117,8 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
                        "DynamicLossScale, got %r" % (loss_scale,))
     self._loss_scale = loss_scale
     self._last_result = None
+    # Losses given to compute_gradients since the last apply_gradients.
+    self._losses = []
     # Variables the last step already handles (global_step, counters, rolled
     # back update-op targets): `protect` leaves them alone.
     self._step_variables = []
@@ -122,6 +134,10 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
 
   def compute_gradients(self, loss, *args, **kwargs):
     """The wrapped optimizer's `compute_gradients`, loss-scaled if enabled."""
+    if isinstance(loss, tf.Tensor):
+      # Update ops the loss depends on run with every step: apply_gradients
+      # rolls them back (tf-slim's barrier on the loss; see the class doc).
+      self._losses.append(loss)
     if self._loss_scale is None:
       return self._optimizer.compute_gradients(loss, *args, **kwargs)
     scale = self._loss_scale.scale()
@@ -140,10 +156,12 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     Returns:
       The step's train op.
     """
+    grads_and_vars = tuple(grads_and_vars)
+    losses, self._losses = self._losses, []
     update_ops = self._update_ops
     if update_ops is None:
-      update_ops = self._default_update_ops()
-    grads_and_vars = tuple(grads_and_vars)
+      update_ops = self._default_update_ops(
+          [g for g, _ in grads_and_vars if g is not None] + losses)
     var_list = [v for g, v in grads_and_vars if g is not None]
     if var_list:
       # Slots and non-slot accumulators are created here, in the caller's
@@ -174,8 +192,19 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         ([global_step] if global_step is not None else []))
     return result.train_op
 
-  def _default_update_ops(self):
-    """The `UPDATE_OPS` entries the caller's step depends on, else all."""
+  def _default_update_ops(self, tensors):
+    """The `UPDATE_OPS` entries this step runs anyway (class docstring).
+
+    They are the entries among the ancestors of the caller's control
+    dependencies, of the gradients and of the losses given to
+    `compute_gradients`: one backward walk over the graph, each op once.
+
+    Args:
+      tensors: the gradients (Tensors or IndexedSlices) and losses.
+
+    Returns:
+      A list of `UPDATE_OPS` entries, in the collection's order.
+    """
     everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
     if not everything:
       return []
@@ -183,19 +212,19 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     # control inputs: the public way to read them. (Not in a name scope of
     # its own, which would rename the decision's to "SkipNonFinite_1".)
     probe = tf.no_op(name=self._name + "_control_dependencies")
-    entries = {rollback.as_op(u): u for u in everything}
-    found, seen, stack = set(), set(), list(probe.control_inputs)
-    while stack:
+    entries = {rollback.as_op(u) for u in everything}
+    stack = list(probe.control_inputs)
+    for tensor in tf.nest.flatten(tensors, expand_composites=True):
+      stack.append(tensor.op)
+    found, seen = set(), set()
+    while stack and len(found) < len(entries):
       op = stack.pop()
       if op in seen:
         continue
       seen.add(op)
       if op in entries:
         found.add(op)
-      elif op.type in ("NoOp", "Identity", "IdentityN"):
-        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    if not found:
-      return everything
+      stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
     return [u for u in everything if rollback.as_op(u) in found]
 
   def protect(self, op, name="protect"):
@@ -253,6 +282,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       # pylint: disable=protected-access
       with guard._control_flow_for(protected.variables):
         decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
+      writes.register_decision(decided)
       return tf.group(*(ops + [decided]), name="protected")
 
   def applied(self):
