@@ -155,6 +155,29 @@ class WriteCheckTest(tf.test.TestCase):
       self.assertLen(warned, 1)  # Once per train op, not per run.
       self.assertIn("bn/moving_mean", warned[0])
 
+  def testWritesInsideConds(self):
+    # Batch norm behind a tensor `training`: its update is a cond, v2
+    # (functions, nested here) or v1 (Switch/Merge in the graph).
+    for v2 in (True, False):
+      with self.subTest(control_flow_v2=v2), tf.Graph().as_default():
+        with test_util.tf_config(control_flow_v2=v2):
+          x = tf1.placeholder(tf.float32, [3])
+          training = tf1.placeholder_with_default(True, [])
+          loss, _ = test_util.model(x)
+          mean = tf1.get_variable("bn/moving_mean", initializer=tf.zeros([3]),
+                                  trainable=False)
+
+          def _update():
+            inner = tf.cond(training, lambda: tf1.assign_sub(mean, x * 0.1),
+                            lambda: tf.identity(mean))
+            return tf.identity(inner)
+
+          update = tf.cond(training, _update, lambda: tf.identity(mean))
+          opt = optimizer_lib.SkipNonFiniteOptimizer(
+              tf1.train.GradientDescentOptimizer(0.1), update_ops=[])
+          train_op = tf.group(opt.minimize(loss), update)
+          self.assertEqual(opt.check_train_op(train_op), ["bn/moving_mean"])
+
 
 if __name__ == "__main__":
   tf.test.main()

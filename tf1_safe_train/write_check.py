@@ -38,6 +38,34 @@ def _target(op):
   return target
 
 
+_V2_CONDS = ("If", "StatelessIf")
+
+
+def _v2_cond_writes(if_op):
+  """(write op, target op in if_op's graph) of a v2 cond's branches, nested.
+
+  A branch is a function whose inputs are the cond op's inputs after the
+  predicate: a write's target is followed to the branch's input, then to
+  the cond's input outside.
+  """
+  found = []
+  for attr in ("then_branch", "else_branch"):
+    body = if_op.graph._get_function(if_op.get_attr(attr).name).graph  # pylint: disable=protected-access
+    outer = dict(zip((t.op for t in body.inputs), if_op.inputs[1:]))
+    writes = [(op, _target(op)) for op in body.get_operations()
+              if _WRITE_TYPE.match(op.type) and op.inputs]
+    for op in body.get_operations():
+      if op.type in _V2_CONDS:
+        writes += _v2_cond_writes(op)
+    for op, target in writes:
+      if target in outer:
+        target = outer[target].op
+        while target.type in _FORWARDING_TYPES and target.inputs:
+          target = target.inputs[0].op
+      found.append((op, target))
+  return found
+
+
 def _contexts(op):
   """`op`'s v1 control-flow context and the ones enclosing it."""
   context = op._get_control_flow_context()  # pylint: disable=protected-access
@@ -99,13 +127,19 @@ def unguarded_writes(ops, decisions, handled_names=()):
   variables = {v.op: v for v in
                graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
                graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
-  found = set()
+  # A v2 decision's branches are functions: not entered, all inside.
+  decision_ops = set(a.op for a in decisions)
+  decision_ops.update(a.op.inputs[0].op for a in decisions
+                      if a.op.type == "Identity")
+  writes = []
   for op in fetch_gate.ancestors(ops):
-    if not _WRITE_TYPE.match(op.type) or not op.inputs:
-      continue
-    if any(c in inside for c in _contexts(op)):
-      continue
-    target = _target(op)
+    if op.type in _V2_CONDS and op not in decision_ops:
+      writes += _v2_cond_writes(op)
+    elif (_WRITE_TYPE.match(op.type) and op.inputs and
+          not any(c in inside for c in _contexts(op))):
+      writes.append((op, _target(op)))
+  found = set()
+  for op, target in writes:
     if target in variables:
       name = variables[target].op.name
       if name not in handled:
