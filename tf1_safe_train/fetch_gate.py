@@ -8,6 +8,7 @@ stateful op such as an input iterator or a v2 cond) that the hook's fetches
 need; on other runs the hook fetches nothing.
 """
 
+from absl import logging
 import tensorflow as tf
 
 tf1 = tf.compat.v1
@@ -116,7 +117,11 @@ class FetchGate(object):
       needed = [op for op in ancestors(fetched_ops(graph, self._fetches), fed)
                 if has_effect(op)]
       run = ancestors(run_ops, fed)
-      allowed = all(op in run for op in needed)
+      missing = [op.name for op in needed if op not in run]
+      allowed = not missing
+      if missing:
+        logging.vlog(1, "a hook does not fetch on runs of %s: its fetches "
+                     "would also run %s", sorted(key[0]), missing[:3])
       if len(self._cache) >= _MAX_CACHED:
         self._cache.clear()
       self._cache[key] = allowed
