@@ -63,13 +63,15 @@ class EvaluationFetchTest(tf.test.TestCase):
         before = sess.run_step_fn(read)
         for _ in range(3):
           sess.run(loss, {x: test_util.GOOD_X})
-          # A NaN evaluation batch neither trains nor counts a skip, so
-          # GiveUpHook (max 1) must not stop the session either.
-          sess.run(loss, {x: test_util.NAN_X})
         after = sess.run_step_fn(read)
         for b, a in zip(before, after):
           self.assertAllEqual(b, a)
+        # A NaN evaluation batch neither trains nor counts a skip, so
+        # GiveUpHook (max 1) does not stop the session either.
+        sess.run(loss, {x: test_util.NAN_X})
         self.assertFalse(sess.should_stop())
+        for b, a in zip(before, sess.run_step_fn(read)):
+          self.assertAllEqual(b, a)
         self.assertIsNone(every["stats"].latest)
         self.assertEqual(every["stats"].steps_run, 0)
 
