@@ -51,6 +51,24 @@ class SkipReportTest(tf.test.TestCase):
         None, "skipped step 1: non-finite gradients in tower 1 "
         "(/device:CPU:1); variables: model/w, model/b", None])
 
+  def testTowersWithoutDevices(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      with tf1.variable_scope("", reuse=tf1.AUTO_REUSE):
+        towers = [list(zip(tf.gradients(loss, var_list), var_list))
+                  for loss, var_list in [test_util.model(x * (i + 1.0))
+                                         for i in range(2)]]
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      train_op = opt.apply_gradients(towers[0], tower_grads_and_vars=towers)
+      report = opt.report_fetches()
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        _, values = sess.run([train_op, report], {x: test_util.NAN_X})
+    self.assertEqual(
+        opt.describe_skip(values), "skipped step 0: non-finite gradients in "
+        "towers 0, 1; variables: model/w, model/b")
+
   def testHookReportsWithoutTowersOrGlobalStep(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])

@@ -123,7 +123,7 @@ def describe_skip(step, tower_flags, average_flags, variable_names,
       gradient flags.
     average_flags: bool array [num_variables], flags of the averaged gradients.
     variable_names: names aligned with the flags' last axis.
-    tower_devices: device string of each tower.
+    tower_devices: device string of each tower ("" if unknown: not shown).
     max_names: how many variable names to list before "+N more".
 
   Returns:
@@ -141,7 +141,8 @@ def describe_skip(step, tower_flags, average_flags, variable_names,
   if bad_towers:
     where = "in tower%s %s" % (
         "s" if len(bad_towers) > 1 else "",
-        ", ".join("%d (%s)" % (i, tower_devices[i]) for i in bad_towers))
+        ", ".join("%d (%s)" % (i, tower_devices[i]) if tower_devices[i]
+                  else "%d" % i for i in bad_towers))
   else:
     where = "in the averaged gradients (every tower was finite: overflow)"
   return "skipped step %d: non-finite gradients %s; variables: %s" % (

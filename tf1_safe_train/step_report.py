@@ -20,7 +20,7 @@ tf1 = tf.compat.v1
 
 def device_of(grads_and_vars):
   """The device of a list's gradients (or, without one, of its variables)."""
-  for g, v in grads_and_vars:
+  for g, _ in grads_and_vars:
     if g is not None and g.device:
       return g.device
   for g, v in grads_and_vars:
