@@ -148,8 +148,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       tower_grads_and_vars: optional, for the skip report only: one list of
         (gradient, variable) pairs per tower, over the same variables, when
         `grads_and_vars` is their average; the report then names the tower
-        and its device. The decision is on `grads_and_vars`, plus each
-        tower's flags.
+        and its device. The decision stays on `grads_and_vars` (a tower's
+        NaN or Inf reaches the average); the towers' checks only feed the
+        report.
 
     Returns:
       The step's train op.
