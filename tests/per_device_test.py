@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import optimizer_test_util as test_util
 from tf1_safe_train import counters as counters_lib
+from tf1_safe_train import hooks
 from tf1_safe_train import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
@@ -148,6 +149,18 @@ class TwoStepsInOneRunTest(tf.test.TestCase):
         self.assertEqual(sess.run_step_fn(
             lambda step_context: step_context.session.run(
                 counters.applied_steps)), 0)
+
+  def testGiveUpHookRefusesTheRunToo(self):
+    with tf.Graph().as_default():
+      inputs, opt, train_op = self._two_calls()
+      give_up = hooks.GiveUpHook(opt.guard_result().counters.consecutive_skips,
+                                 2)
+      with tf1.train.MonitoredSession(
+          hooks=[give_up], session_creator=tf1.train.ChiefSessionCreator(
+              config=_config())) as sess:
+        for _ in range(2):  # Refused every time, not only the first.
+          with self.assertRaisesRegex(ValueError, "executes 2 guarded steps"):
+            sess.run(train_op, {x: test_util.NAN_X for x in inputs})
 
   def testStepsRunBySeparateRunsAreFine(self):
     # A GAN: two optimizers' steps, each run in its own session.run.

@@ -89,13 +89,17 @@ def ancestors(ops, fed=frozenset()):
 class FetchGate(object):
   """Decides, per run, whether a hook's fetches may be added to it."""
 
-  def __init__(self, fetches):
+  def __init__(self, fetches, on_new_run=None):
     """Creates the gate.
 
     Args:
       fetches: the hook's fetches (any nest of tensors and ops).
+      on_new_run: optional `on_new_run(ops)`, called with the run's fetched
+        Operations the first time the gate allows a distinct set of them; it
+        may raise to refuse the run (the next such run calls it again).
     """
     self._fetches = fetches
+    self._on_new_run = on_new_run
     self._cache = {}
 
   def allows(self, run_context):
@@ -122,6 +126,8 @@ class FetchGate(object):
       if missing:
         logging.vlog(1, "a hook does not fetch on runs of %s: its fetches "
                      "would also run %s", sorted(key[0]), missing[:3])
+      elif self._on_new_run is not None:
+        self._on_new_run(run_ops)
       if len(self._cache) >= _MAX_CACHED:
         self._cache.clear()
       self._cache[key] = allowed

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train import fetch_gate
+from tf1_safe_train import write_check
 
 tf1 = tf.compat.v1
 
@@ -23,16 +24,22 @@ class GatedHook(tf1.train.SessionRunHook):
   """A hook whose fetches are added only to runs that run their effects.
 
   Subclasses set `self._fetches` and handle `after_run` only when
-  `self._fetched` (True when this run carried the hook's fetches).
+  `self._fetched` (True when this run carried the hook's fetches). A run
+  that executes two steps built by `SkipNonFiniteOptimizer` (which would
+  count one step twice) is refused before it runs.
   """
 
   _fetches = None
   _gate = None
   _fetched = False
 
+  def check_new_run(self, ops):
+    """Called before the first run of each distinct set of fetched `ops`."""
+    write_check.check_one_step(ops)
+
   def before_run(self, run_context):
     if self._gate is None:
-      self._gate = fetch_gate.FetchGate(self._fetches)
+      self._gate = fetch_gate.FetchGate(self._fetches, self.check_new_run)
     self._fetched = self._gate.allows(run_context)
     if not self._fetched:
       return None

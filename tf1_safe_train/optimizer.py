@@ -23,8 +23,9 @@ from tf1_safe_train import write_check
 tf1 = tf.compat.v1
 
 # Graph collection of the `guard.GuardResult` of every wrapped step, so hooks
-# can find the applied flag and the per-variable flags of legacy train ops.
-GUARD_RESULTS = "tf1_safe_train_guard_results"
+# can find the applied flag and the per-variable flags of legacy train ops
+# (and refuse a run of two steps: `write_check`).
+GUARD_RESULTS = write_check.GUARD_RESULTS
 # They are Python tuples, which a meta-graph export (every checkpoint of a
 # MonitoredTrainingSession) cannot serialize and warns about: export nothing.
 tf_ops.register_proto_function(

@@ -11,7 +11,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import fetch_gate
 from tf1_safe_train import guard
 from tf1_safe_train import hooks
 
@@ -142,19 +141,12 @@ class StepReportHook(hooks.GatedHook):
     self._report = report
     self._fetches = report.fetches
     self._check_fn = check_fn
-    self._checked = set()
     self.reports = []
 
-  def before_run(self, run_context):
-    args = super(StepReportHook, self).before_run(run_context)
-    if args is not None and self._check_fn is not None:
-      ops = fetch_gate.fetched_ops(run_context.session.graph,
-                               run_context.original_args.fetches)
-      key = frozenset(op.name for op in ops)
-      if key not in self._checked:
-        self._check_fn(ops)
-        self._checked.add(key)
-    return args
+  def check_new_run(self, ops):
+    super(StepReportHook, self).check_new_run(ops)
+    if self._check_fn is not None:
+      self._check_fn(ops)
 
   def after_run(self, run_context, run_values):
     if not self._fetched:

@@ -20,6 +20,10 @@ from tf1_safe_train import rollback
 
 tf1 = tf.compat.v1
 
+# Graph collection of the `guard.GuardResult` of every step the wrapper
+# builds (`optimizer.SkipNonFiniteOptimizer` fills it).
+GUARD_RESULTS = "tf1_safe_train_guard_results"
+
 # Ops that write the variable (ref or resource handle) of their first input:
 # assigns, scatters, optimizers' apply kernels.
 _WRITE_TYPE = re.compile(
@@ -155,6 +159,32 @@ def decisions_run(ops, decisions):
   return [d for d in decisions if d.op in walked]
 
 
+def check_one_step(ops, decisions=None):
+  """Refuses a run of `ops` that executes more than one guarded step.
+
+  Args:
+    ops: the Operations a run fetches.
+    decisions: the `applied` tensors of the guarded steps; default: those
+      in the graph's `GUARD_RESULTS`.
+
+  Raises:
+    ValueError: naming the steps, if the run executes more than one (each
+      would count and decide the step alone).
+  """
+  if not ops:
+    return
+  if decisions is None:
+    decisions = [r.applied for r in ops[0].graph.get_collection(
+        GUARD_RESULTS)]
+  ran = decisions_run(ops, decisions)
+  if len(ran) > 1:
+    raise ValueError(
+        "one session.run executes %d guarded steps (%s): each counts a step "
+        "and decides alone; build one step over every device's gradients "
+        "with SkipNonFiniteOptimizer.apply_gradients_per_device" % (
+            len(ran), ", ".join(d.op.name for d in ran)))
+
+
 def check(ops, decisions, handled_names=(), strict=False):
   """Warns about (strict: refuses) writes outside the decision of `ops`.
 
@@ -172,13 +202,7 @@ def check(ops, decisions, handled_names=(), strict=False):
       count and decide the step twice), or, if `strict`, for any write
       outside the decision.
   """
-  ran = decisions_run(ops, decisions)
-  if len(ran) > 1:
-    raise ValueError(
-        "one session.run executes %d guarded steps (%s): each counts a step "
-        "and decides alone; build one step over every device's gradients "
-        "with SkipNonFiniteOptimizer.apply_gradients_per_device" % (
-            len(ran), ", ".join(d.op.name for d in ran)))
+  check_one_step(ops, decisions)
   names = unguarded_writes(ops, decisions, handled_names)
   if names:
     message = (
