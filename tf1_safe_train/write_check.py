@@ -176,6 +176,8 @@ def check_one_step(ops, decisions=None):
   if decisions is None:
     decisions = [r.applied for r in ops[0].graph.get_collection(
         GUARD_RESULTS)]
+  if len(decisions) < 2:
+    return  # Nothing to walk for.
   ran = decisions_run(ops, decisions)
   if len(ran) > 1:
     raise ValueError(
