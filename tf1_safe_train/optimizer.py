@@ -355,19 +355,8 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
   def _set_report(self, result, global_step, towers, devices):
     """Builds the last step's `step_report.StepReport` (fetched on demand)."""
     with tf1.name_scope(self._name + "_report"):
-      if global_step is None:
-        # Without a global_step, a step's index is the steps counted before.
-        counters = result.counters
-        step = counters.applied_steps + counters.skipped_steps - 1
-      else:
-        with tf1.control_dependencies([result.train_op]):
-          after = tf.identity(global_step.read_value())
-        # global_step at the start of the step: it moved by one unless the
-        # policy leaves it on skipped steps.
-        moved = (tf.constant(1, after.dtype)
-                 if self._increment_global_step_on_skip
-                 else tf.cast(result.applied, after.dtype))
-        step = after - moved
+      step = step_report.step_index(result, global_step,
+                                    self._increment_global_step_on_skip)
     self._report = step_report.StepReport(step, result, towers, devices)
 
   def report_fetches(self, train_op=None):

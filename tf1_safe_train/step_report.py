@@ -28,6 +28,29 @@ def device_of(grads_and_vars):
   return ""
 
 
+def step_index(result, global_step, increment_global_step_on_skip):
+  """The index of the step of `result`, read after it: global_step at its start.
+
+  Args:
+    result: the step's `guard.GuardResult`.
+    global_step: the variable the step advances, or None: the index is then
+      the number of steps counted before it.
+    increment_global_step_on_skip: the step's global_step policy.
+
+  Returns:
+    An int64 scalar tensor.
+  """
+  if global_step is None:
+    counters = result.counters
+    return counters.applied_steps + counters.skipped_steps - 1
+  with tf1.control_dependencies([result.train_op]):
+    after = tf.identity(global_step.read_value())
+  # It moved by one unless the policy leaves it on skipped steps.
+  moved = (tf.constant(1, after.dtype) if increment_global_step_on_skip
+           else tf.cast(result.applied, after.dtype))
+  return after - moved
+
+
 class StepReport(object):
   """What to fetch with a guarded train op to report its skips."""
 
