@@ -36,6 +36,18 @@ def _per_device_model():
   return inputs, grads_and_vars, variables
 
 
+def _ops_and_cond_bodies(graph):
+  """The graph's ops and those of its v2 conds' branches."""
+  found = []
+  for op in graph.get_operations():
+    found.append(op)
+    if op.type in ("If", "StatelessIf"):
+      for attr in ("then_branch", "else_branch"):
+        body = graph._get_function(op.get_attr(attr).name).graph  # pylint: disable=protected-access
+        found += _ops_and_cond_bodies(body)
+  return found
+
+
 class PerDeviceStepTest(tf.test.TestCase):
 
   def _run(self, optimizers=None, control_flow_v2=True):
@@ -94,17 +106,21 @@ class PerDeviceStepTest(tf.test.TestCase):
     self.assertEqual(counters.skipped_steps, 1)
 
   def testEachUpdateIsPlacedOnItsDevice(self):
-    with tf.Graph().as_default(), test_util.tf_config(control_flow_v2=False):
-      _, grads_and_vars, _ = _per_device_model()
-      opt = optimizer_lib.SkipNonFiniteOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1))
-      opt.apply_gradients_per_device(grads_and_vars)
-      updates = [op for op in tf1.get_default_graph().get_operations()
-                 if op.type == "ResourceApplyGradientDescent"]
-      self.assertLen(updates, 4)
-      for op in updates:
-        device = "CPU:1" if "device1" in op.inputs[0].op.name else "CPU:0"
-        self.assertIn(device, op.device)
+    for v2 in (True, False):
+      with self.subTest(control_flow_v2=v2), tf.Graph().as_default():
+        with test_util.tf_config(control_flow_v2=v2):
+          _, grads_and_vars, _ = _per_device_model()
+          opt = optimizer_lib.SkipNonFiniteOptimizer(
+              tf1.train.GradientDescentOptimizer(0.1))
+          opt.apply_gradients_per_device(grads_and_vars)
+        updates = [op for op in _ops_and_cond_bodies(tf1.get_default_graph())
+                   if op.type == "ResourceApplyGradientDescent"]
+        self.assertLen(updates, 4)
+        for op in updates:
+          # In a v2 cond the variable comes in as a branch input: its name
+          # says which copy it is.
+          device = "CPU:1" if "device1" in op.inputs[0].name else "CPU:0"
+          self.assertIn(device, op.device)
 
   def testOptimizersMustMatchTheDevices(self):
     with tf.Graph().as_default():
