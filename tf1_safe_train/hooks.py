@@ -33,6 +33,11 @@ class GatedHook(tf1.train.SessionRunHook):
   _gate = None
   _fetched = False
 
+  def begin(self):
+    # A new session may come with a new graph: what was learned of the old
+    # one's fetches does not hold.
+    self._gate = None
+
   def check_new_run(self, ops):
     """Called before the first run of each distinct set of fetched `ops`."""
     write_check.check_one_step(ops)
@@ -77,6 +82,7 @@ class ProgressHook(GatedHook):
     self.examples_per_sec = None
 
   def begin(self):
+    super(ProgressHook, self).begin()
     self._last_time = None
 
   def after_run(self, run_context, run_values):
