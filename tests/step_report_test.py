@@ -142,6 +142,17 @@ class WriteCheckTest(tf.test.TestCase):
         _, opt, train_op = self._ema_step(protect=True, **config)
         self.assertEqual(opt.check_train_op(train_op), [])
 
+  def testOnlyARollbackTheRunExecutesCounts(self):
+    # The shadows protect() made do not help a run of the unprotected op.
+    for config in [{}, {"control_flow_v2": False, "resource_variables": False}]:
+      with self.subTest(str(config)), tf.Graph().as_default():
+        _, opt, unprotected = self._ema_step(protect=False, **config)
+        protected = opt.protect(unprotected)
+        self.assertEqual(opt.check_train_op(protected), [])
+        self.assertEqual(opt.check_train_op(unprotected),
+                         ["model/b/ExponentialMovingAverage",
+                          "model/w/ExponentialMovingAverage"])
+
   def testStrictRefusesTheFirstRun(self):
     with tf.Graph().as_default():
       x, opt, train_op = self._ema_step(protect=False, strict=True)

@@ -29,44 +29,52 @@ GUARD_RESULTS = "tf1_safe_train_guard_results"
 _WRITE_TYPE = re.compile(
     r"^(Assign|(Resource)?(Sparse)?Apply|(Resource)?Scatter|"
     r"(Resource)?StridedSliceAssign)")
-# Ops a variable's ref or handle passes through on its way to a write.
+# Ops a variable's ref, handle or value passes through on its way to a write.
 _FORWARDING_TYPES = frozenset([
-    "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter"])
-
-
-def _target(op):
-  """The op defining the variable `op` writes (through identities, conds)."""
-  target = op.inputs[0].op
-  while target.type in _FORWARDING_TYPES and target.inputs:
-    target = target.inputs[0].op
-  return target
-
-
+    "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter",
+    "ReadVariableOp"])
 _V2_CONDS = ("If", "StatelessIf")
 
 
+def _origin(tensor):
+  """The op a tensor comes from, through identities, reads and v1 conds."""
+  op = tensor.op
+  while op.type in _FORWARDING_TYPES and op.inputs:
+    op = op.inputs[0].op
+  return op
+
+
+def _write(op):
+  """(write op, op of the variable written, op the written value comes from).
+
+  The value's origin tells a rollback (a variable assigned from its shadow)
+  from any other write.
+  """
+  return (op, _origin(op.inputs[0]),
+          _origin(op.inputs[1]) if len(op.inputs) > 1 else None)
+
+
 def _v2_cond_writes(if_op):
-  """(write op, target op in if_op's graph) of a v2 cond's branches, nested.
+  """`_write`s of a v2 cond's branches, nested, in `if_op`'s graph's terms.
 
   A branch is a function whose inputs are the cond op's inputs after the
-  predicate: a write's target is followed to the branch's input, then to
-  the cond's input outside.
+  predicate: a branch input is followed to the cond's input outside.
   """
   found = []
   for attr in ("then_branch", "else_branch"):
     body = if_op.graph._get_function(if_op.get_attr(attr).name).graph  # pylint: disable=protected-access
     outer = dict(zip((t.op for t in body.inputs), if_op.inputs[1:]))
-    writes = [(op, _target(op)) for op in body.get_operations()
+
+    def outside(op, outer=outer):
+      return _origin(outer[op]) if op in outer else op
+
+    writes = [_write(op) for op in body.get_operations()
               if _WRITE_TYPE.match(op.type) and op.inputs]
     for op in body.get_operations():
       if op.type in _V2_CONDS:
         writes += _v2_cond_writes(op)
-    for op, target in writes:
-      if target in outer:
-        target = outer[target].op
-        while target.type in _FORWARDING_TYPES and target.inputs:
-          target = target.inputs[0].op
-      found.append((op, target))
+    found += [(op, outside(target), source and outside(source))
+              for op, target, source in writes]
   return found
 
 
@@ -95,18 +103,11 @@ def decision_contexts(decisions):
 
 
 def handled_variable_names(graph):
-  """Names of variables a skip already accounts for.
-
-  Global step, the skip counters, and every variable with a rollback shadow
-  (update-op targets and `protect()`ed variables) and the shadows themselves.
-  """
+  """Names of variables a skip accounts for: global_step and the counters."""
   names = set(v.op.name for v in
               graph.get_collection(tf1.GraphKeys.GLOBAL_STEP))
   names.update(v.op.name for v in graph.get_collection(
       counters_lib.COLLECTION))
-  for variable, shadow in graph.get_collection(
-      rollback._SHADOWS_COLLECTION):  # pylint: disable=protected-access
-    names.update([variable.op.name, shadow.op.name])
   return names
 
 
@@ -141,9 +142,17 @@ def unguarded_writes(ops, decisions, handled_names=()):
       writes += _v2_cond_writes(op)
     elif (_WRITE_TYPE.match(op.type) and op.inputs and
           not any(c in inside for c in _contexts(op))):
-      writes.append((op, _target(op)))
+      writes.append(_write(op))
+  # A rollback (`protect()`) that this run executes assigns a variable from
+  # its shadow: that variable is fine, and so is the shadow's own update.
+  shadows = {shadow.op: variable.op for variable, shadow in
+             graph.get_collection(rollback._SHADOWS_COLLECTION)}  # pylint: disable=protected-access
+  restored = set(target for _, target, source in writes
+                 if shadows.get(source) is target)
   found = set()
-  for op, target in writes:
+  for op, target, _ in writes:
+    if target in shadows or target in restored:
+      continue
     if target in variables:
       name = variables[target].op.name
       if name not in handled:
