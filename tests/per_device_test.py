@@ -144,6 +144,14 @@ class TwoStepsInOneRunTest(tf.test.TestCase):
     ops = [opt.apply_gradients(gv) for gv in grads_and_vars]
     return inputs, opt, tf.group(*ops)
 
+  def testSecondCallWarnsWhenBuilt(self):
+    with tf.Graph().as_default():
+      with self.assertLogs(level="WARNING") as logs:
+        self._two_calls()
+      self.assertTrue(any("apply_gradients called again" in line and
+                          "apply_gradients_per_device" in line
+                          for line in logs.output), logs.output)
+
   def testCheckNamesBothDecisions(self):
     with tf.Graph().as_default():
       _, opt, train_op = self._two_calls()
