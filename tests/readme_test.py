@@ -26,20 +26,44 @@ def _example():
   return match.group(1) if match else None
 
 
+def _runnable_blocks():
+  """(expected outputs, code) of each python block after a readme-run marker."""
+  blocks = []
+  for match in re.finditer(
+      r"<!-- readme-run: expect ((?:\"[^\"]*\"\s*)+)-->\s*```python\n(.*?)```",
+      _readme(), re.S):
+    blocks.append((re.findall(r'"([^"]*)"', match.group(1)), match.group(2)))
+  return blocks
+
+
+def _run(code, cwd):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             PYTHONPATH=os.pathsep.join(sys.path))
+  return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, env=env, timeout=300, check=False, cwd=cwd)
+
+
 class ReadmeTest(tf.test.TestCase):
 
   def testExampleRunsAsWritten(self):
     code = _example()
     self.assertIsNotNone(code, "no readme-example block in README.md")
     self.assertLessEqual(len(code.strip().splitlines()), 40)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                            text=True, env=env, timeout=300, check=False,
-                            cwd=self.get_temp_dir())
+    result = _run(code, self.get_temp_dir())
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn("global_step 5 applied 4 skipped 1 finite True",
                   result.stdout)
+
+  def testEveryRunnableBlockRunsAsWritten(self):
+    blocks = _runnable_blocks()
+    self.assertGreaterEqual(len(blocks), 3)
+    for expected, code in blocks:
+      with self.subTest(expected[0]):
+        self.assertLessEqual(len(code.strip().splitlines()), 40)
+        result = _run(code, self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for line in expected:
+          self.assertIn(line, result.stdout + result.stderr)
 
   def testEveryNameOfThePackageItMentionsExists(self):
     names = sorted(set(re.findall(r"\btf1_safe_train((?:\.[A-Za-z_]\w*)+)",

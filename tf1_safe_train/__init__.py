@@ -12,11 +12,15 @@ _EXPORTS = {
     "skip_counters": "tf1_safe_train.counters",
     "SkipNonFiniteOptimizer": "tf1_safe_train.optimizer",
 }
+# Modules a legacy script uses by name: tf1_safe_train.summaries.histogram.
+_MODULES = ("summaries",)
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(list(_EXPORTS) + list(_MODULES))
 
 
 def __getattr__(name):
+  if name in _MODULES:
+    return importlib.import_module("tf1_safe_train." + name)
   if name not in _EXPORTS:
     raise AttributeError("module 'tf1_safe_train' has no attribute %r" % name)
   return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -2,7 +2,9 @@
 
 Every value a hook reports is read after the step's update (the counters come
 from `counters.read_after`, the applied flag from the decision itself), never
-from a raw variable read that is unordered relative to the update.
+from a raw variable read that is unordered relative to the update. Such reads
+run the train op, so a hook fetches them only on runs that run it anyway
+(`fetch_gate`): `sess.run(loss, {x: validation_batch})` never trains.
 """
 
 import signal
@@ -12,10 +14,44 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train import fetch_gate
+from tf1_safe_train import write_check
+
 tf1 = tf.compat.v1
 
 
-class ProgressHook(tf1.train.SessionRunHook):
+class GatedHook(tf1.train.SessionRunHook):
+  """A hook whose fetches are added only to runs that run their effects.
+
+  Subclasses set `self._fetches` and handle `after_run` only when
+  `self._fetched` (True when this run carried the hook's fetches). A run
+  that executes two steps built by `SkipNonFiniteOptimizer` (which would
+  count one step twice) is refused before it runs.
+  """
+
+  _fetches = None
+  _gate = None
+  _fetched = False
+
+  def begin(self):
+    # A new session may come with a new graph: what was learned of the old
+    # one's fetches does not hold.
+    self._gate = None
+
+  def check_new_run(self, ops):
+    """Called before the first run of each distinct set of fetched `ops`."""
+    write_check.check_one_step(ops)
+
+  def before_run(self, run_context):
+    if self._gate is None:
+      self._gate = fetch_gate.FetchGate(self._fetches, self.check_new_run)
+    self._fetched = self._gate.allows(run_context)
+    if not self._fetched:
+      return None
+    return tf1.train.SessionRunArgs(self._fetches)
+
+
+class ProgressHook(GatedHook):
   """Logs step, loss, learning rate, examples/s, applied and skipped."""
 
   def __init__(self, step_index, loss, learning_rate, counters,
@@ -46,12 +82,12 @@ class ProgressHook(tf1.train.SessionRunHook):
     self.examples_per_sec = None
 
   def begin(self):
+    super(ProgressHook, self).begin()
     self._last_time = None
 
-  def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self._fetches)
-
   def after_run(self, run_context, run_values):
+    if not self._fetched:
+      return
     results = run_values.results
     step = int(results["step"])
     now = time.time()
@@ -100,7 +136,7 @@ def describe_skip(step, tower_flags, average_flags, variable_names,
       gradient flags.
     average_flags: bool array [num_variables], flags of the averaged gradients.
     variable_names: names aligned with the flags' last axis.
-    tower_devices: device string of each tower.
+    tower_devices: device string of each tower ("" if unknown: not shown).
     max_names: how many variable names to list before "+N more".
 
   Returns:
@@ -118,14 +154,15 @@ def describe_skip(step, tower_flags, average_flags, variable_names,
   if bad_towers:
     where = "in tower%s %s" % (
         "s" if len(bad_towers) > 1 else "",
-        ", ".join("%d (%s)" % (i, tower_devices[i]) for i in bad_towers))
+        ", ".join("%d (%s)" % (i, tower_devices[i]) if tower_devices[i]
+                  else "%d" % i for i in bad_towers))
   else:
     where = "in the averaged gradients (every tower was finite: overflow)"
   return "skipped step %d: non-finite gradients %s; variables: %s" % (
       step, where, shown or "-")
 
 
-class SkipReportHook(tf1.train.SessionRunHook):
+class SkipReportHook(GatedHook):
   """On every skipped step, logs where the non-finite gradients were."""
 
   def __init__(self, step_index, applied, tower_flags, average_flags,
@@ -154,10 +191,9 @@ class SkipReportHook(tf1.train.SessionRunHook):
     self._tower_devices = list(tower_devices)
     self.reports = []
 
-  def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self._fetches)
-
   def after_run(self, run_context, run_values):
+    if not self._fetched:
+      return
     results = run_values.results
     if results["applied"]:
       return
@@ -176,7 +212,7 @@ class SkipReportHook(tf1.train.SessionRunHook):
     logging.warning("%s", report)
 
 
-class GiveUpHook(tf1.train.SessionRunHook):
+class GiveUpHook(GatedHook):
   """Stops the run after `max_consecutive_skips` skipped steps in a row.
 
   It requests a stop rather than raising, so the session closes normally and
@@ -192,15 +228,12 @@ class GiveUpHook(tf1.train.SessionRunHook):
       max_consecutive_skips: give up when this many steps in a row were
         skipped; 0 never gives up.
     """
-    self._consecutive_skips = consecutive_skips
+    self._fetches = consecutive_skips
     self._max = max_consecutive_skips
     self.gave_up = False
 
-  def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self._consecutive_skips)
-
   def after_run(self, run_context, run_values):
-    if self._max and run_values.results >= self._max:
+    if self._fetched and self._max and run_values.results >= self._max:
       self.gave_up = True
       logging.error("giving up: %d consecutive steps skipped "
                     "(--max_consecutive_skips=%d)", run_values.results,
@@ -267,7 +300,7 @@ class StopAtStepHook(tf1.train.StopAtStepHook):
       coord.request_stop()
 
 
-class RunStatsHook(tf1.train.SessionRunHook):
+class RunStatsHook(GatedHook):
   """Keeps the latest values `run_summary.json` reports."""
 
   def __init__(self, fetches):
@@ -281,9 +314,8 @@ class RunStatsHook(tf1.train.SessionRunHook):
     self.latest = None
     self.steps_run = 0
 
-  def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self._fetches)
-
   def after_run(self, run_context, run_values):
+    if not self._fetched:
+      return
     self.latest = run_values.results
     self.steps_run += 1

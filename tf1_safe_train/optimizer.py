@@ -8,6 +8,7 @@ Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`, plus
 `apply_gradients` (an `ExponentialMovingAverage`).
 """
 
+from absl import logging
 import tensorflow as tf
 # Only to keep GUARD_RESULTS out of exported meta graphs (see below).
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
@@ -16,13 +17,16 @@ from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import guard
 from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import rollback
+from tf1_safe_train import step_report
+from tf1_safe_train import write_check
 from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
 # Graph collection of the `guard.GuardResult` of every wrapped step, so hooks
-# can find the applied flag and the per-variable flags of legacy train ops.
-GUARD_RESULTS = "tf1_safe_train_guard_results"
+# can find the applied flag and the per-variable flags of legacy train ops
+# (and refuse a run of two steps: `write_check`).
+GUARD_RESULTS = write_check.GUARD_RESULTS
 # They are Python tuples, which a meta-graph export (every checkpoint of a
 # MonitoredTrainingSession) cannot serialize and warns about: export nothing.
 tf_ops.register_proto_function(
@@ -77,6 +81,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
                increment_global_step_on_skip=True,
                update_ops=None,
                loss_scale=None,
+               strict=False,
                name="SkipNonFinite"):
     """Creates the wrapper.
 
@@ -96,6 +101,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         the gradients divided by the scale (each in its variable's dtype,
         divided in float32), and the scale's update shares
         this wrapper's apply/skip decision.
+      strict: when `report_hook()` (or `report_fetches(train_op)`) first
+        sees a train op that writes variables outside the decision, raise
+        instead of warning (see `write_check`).
       name: name scope of the decision ops.
 
     Raises:
@@ -117,6 +125,8 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
                        "DynamicLossScale, got %r" % (loss_scale,))
     self._loss_scale = loss_scale
     self._last_result = None
+    self._strict = strict
+    self._report = None
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
     # Variables the last step already handles (global_step, counters, rolled
@@ -145,35 +155,123 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     grads_and_vars = self._optimizer.compute_gradients(scaled, *args, **kwargs)
     return self._loss_scale.unscale(grads_and_vars, scale)
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None,
+                      *, tower_grads_and_vars=None):
     """Applies the gradients if all are finite; otherwise skips the step.
 
     Args:
       grads_and_vars: list of (gradient, variable) pairs.
       global_step: optional variable, advanced as the policy says.
       name: optional name for the wrapped optimizer's update ops.
+      tower_grads_and_vars: optional, for the skip report only: one list of
+        (gradient, variable) pairs per tower, over the same variables, when
+        `grads_and_vars` is their average; the report then names the tower
+        and its device. The decision stays on `grads_and_vars` (a tower's
+        NaN or Inf reaches the average); the towers' checks only feed the
+        report.
 
     Returns:
       The step's train op.
     """
     grads_and_vars = tuple(grads_and_vars)
+
+    def apply_fn(checked_grads_and_vars):
+      return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
+
+    result = self._build_step(grads_and_vars, global_step, apply_fn,
+                              [(self._optimizer, grads_and_vars)])
+    towers, devices = None, None
+    if tower_grads_and_vars is not None:
+      towers, devices = step_report.tower_flags(grads_and_vars,
+                                                tower_grads_and_vars)
+    self._set_report(result, global_step, towers, devices)
+    return result.train_op
+
+  def apply_gradients_per_device(self, grads_and_vars_per_device,
+                                 global_step=None, name=None, optimizers=None):
+    """One step over several devices' variable copies: one decision, one count.
+
+    For scripts that keep a copy of the variables per device and apply each
+    device's (all-reduced) gradients to its own copy: calling
+    `apply_gradients` once per device would build one step per device, each
+    deciding alone and each counted. Here every device's gradients are
+    checked together, one `tf.cond` applies all updates or none, and the
+    counters move once. Each device's update is built by its own optimizer
+    (the wrapped one by default), which places it on its variables' device.
+
+    Args:
+      grads_and_vars_per_device: one list of (gradient, variable) pairs per
+        device.
+      global_step: optional variable, advanced once per step.
+      name: optional name for the wrapped optimizers' update ops.
+      optimizers: optional `tf.compat.v1.train.Optimizer` per device (e.g.
+        one instance per device, as the script had); default: the wrapped
+        optimizer for every device.
+
+    Returns:
+      The step's train op.
+
+    Raises:
+      ValueError: if `optimizers` does not give one optimizer per device.
+    """
+    groups = [tuple(g) for g in grads_and_vars_per_device]
+    if optimizers is None:
+      optimizers = [self._optimizer] * len(groups)
+    optimizers = list(optimizers)
+    if len(optimizers) != len(groups) or not all(
+        isinstance(o, tf1.train.Optimizer) for o in optimizers):
+      raise ValueError("apply_gradients_per_device: optimizers must be one "
+                       "tf.compat.v1.train.Optimizer per device (%d), got %r"
+                       % (len(groups), optimizers))
+    sizes = [len(g) for g in groups]
+
+    def apply_fn(checked_grads_and_vars):
+      updates, start = [], 0
+      for i, (opt, size) in enumerate(zip(optimizers, sizes)):
+        pairs = checked_grads_and_vars[start:start + size]
+        start += size
+        if any(g is not None for g, _ in pairs):
+          updates.append(opt.apply_gradients(
+              pairs, name=("%s_%d" % (name, i)) if name else None))
+      return tf.group(*updates)
+
+    flat = tuple(pair for group in groups for pair in group)
+    result = self._build_step(flat, global_step, apply_fn,
+                              list(zip(optimizers, groups)))
+    checked_sizes = [sum(1 for g, _ in group if g is not None)
+                     for group in groups]
+    self._set_report(result, global_step,
+                     step_report.segment_flags(result.nonfinite_flags,
+                                               checked_sizes),
+                     [step_report.device_of(group) for group in groups])
+    return result.train_op
+
+  def _build_step(self, grads_and_vars, global_step, apply_fn,
+                  optimizers_and_pairs):
+    """Builds the guarded step; returns its `guard.GuardResult`."""
+    if self._last_result is not None:
+      # Not an error: a GAN's two steps are built by two calls (and run by
+      # two session.run calls); device copies of one step are not.
+      logging.warning(
+          "SkipNonFiniteOptimizer %r: apply_gradients called again; each "
+          "call builds its own step, decided and counted alone. If both run "
+          "in one session.run (one per device), use "
+          "apply_gradients_per_device.", self._name)
     losses, self._losses = self._losses, []
     update_ops = self._update_ops
     if update_ops is None:
       update_ops = self._default_update_ops(
           [g for g, _ in grads_and_vars if g is not None] + losses)
-    var_list = [v for g, v in grads_and_vars if g is not None]
-    if var_list:
-      # Slots and non-slot accumulators are created here, in the caller's
-      # name scope, as the wrapped optimizer's own apply_gradients would:
-      # created inside the cond branch, Adam's beta powers would be named
-      # ".../apply/beta1_power" and a checkpoint of an unwrapped run would not
-      # restore. (Creating them again inside the branch reuses these.)
-      with tf1.init_scope():
-        self._optimizer._create_slots(var_list)  # pylint: disable=protected-access
-
-    def apply_fn(checked_grads_and_vars):
-      return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
+    for optimizer, pairs in optimizers_and_pairs:
+      var_list = [v for g, v in pairs if g is not None]
+      if var_list:
+        # Slots and non-slot accumulators are created here, in the caller's
+        # name scope, as the wrapped optimizer's own apply_gradients would:
+        # created inside the cond branch, Adam's beta powers would be named
+        # ".../apply/beta1_power" and a checkpoint of an unwrapped run would
+        # not restore. (Creating them again inside the branch reuses these.)
+        with tf1.init_scope():
+          optimizer._create_slots(var_list)  # pylint: disable=protected-access
 
     result = guard.guarded_apply(
         grads_and_vars,
@@ -190,7 +288,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         list(counters_lib.skip_counters()) +
         (list(self._loss_scale.variables) if self._loss_scale else []) +
         ([global_step] if global_step is not None else []))
-    return result.train_op
+    return result
 
   def _default_update_ops(self, tensors):
     """The `UPDATE_OPS` entries this step runs anyway (class docstring).
@@ -284,6 +382,82 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
       writes.register_decision(decided)
       return tf.group(*(ops + [decided]), name="protected")
+
+  def _set_report(self, result, global_step, towers, devices):
+    """Builds the last step's `step_report.StepReport` (fetched on demand)."""
+    with tf1.name_scope(self._name + "_report"):
+      step = step_report.step_index(result, global_step,
+                                    self._increment_global_step_on_skip)
+    self._report = step_report.StepReport(step, result, towers, devices)
+
+  def report_fetches(self, train_op=None):
+    """What to fetch with the train op to report a skip (see `describe_skip`).
+
+    In a plain `session.run` loop:
+
+        report = opt.report_fetches(train_op)
+        _, values = sess.run([train_op, report], feed_dict)
+        line = opt.describe_skip(values)  # None on an applied step
+
+    Args:
+      train_op: optional, the train op the loop runs: it is checked now as
+        `check_train_op` does (`report_hook()` checks what each run fetches).
+
+    Returns:
+      A dict of tensors of the last built step.
+    """
+    if self._report is None:
+      self._result()  # Raises the usual error.
+    if train_op is not None:
+      self.check_train_op(train_op)
+    return self._report.fetches
+
+  def describe_skip(self, values):
+    """The skip report line from the fetched `report_fetches()`, or None.
+
+    Like the trainer's: "skipped step 7: non-finite gradients in tower 1
+    (/device:GPU:1); variables: conv1/weights" (towers when known:
+    `tower_grads_and_vars=` or `apply_gradients_per_device`).
+    """
+    if self._report is None:
+      self._result()
+    return self._report.describe(values)
+
+  def report_hook(self):
+    """A `SessionRunHook` that logs the report of every skipped step.
+
+    For `MonitoredTrainingSession(hooks=[opt.report_hook()])`. It fetches
+    only on runs that run the step, and checks (`check_train_op`) each new
+    set of fetched ops before it runs. `reports` holds the lines logged.
+    """
+    if self._report is None:
+      self._result()
+    return step_report.StepReportHook(self._report, self.check_train_op)
+
+  def check_train_op(self, train_op):
+    """Names what `train_op` writes outside the skip decision.
+
+    Warns once, listing every variable a run of `train_op` writes that a
+    skipped step would change (an `ExponentialMovingAverage` without
+    `protect()`, update ops grouped after `apply_gradients`, a hand-written
+    assign); with `strict=True` raises instead.
+
+    Args:
+      train_op: an Operation or Tensor, or a list of them (what a run
+        fetches).
+
+    Returns:
+      The list of those variables' names (empty if none).
+
+    Raises:
+      ValueError: if `strict` and something is written outside the
+        decision, or if `train_op` runs more than one guarded step.
+    """
+    ops = [rollback.as_op(o) for o in tf.nest.flatten(train_op)]
+    decisions = [r.applied for r in ops[0].graph.get_collection(
+        GUARD_RESULTS)] if ops else []
+    handled = [v.op.name for v in self._step_variables]
+    return write_check.check(ops, decisions, handled, strict=self._strict)
 
   def applied(self):
     """The bool tensor of the last built step: True if it was applied."""

@@ -1,0 +1,180 @@
+"""The wrapper's skip report: the tensors a run fetches, the line it logs.
+
+The trainer's report (step, towers and their devices, variables) for legacy
+code: a `StepReport` holds the tensors to fetch with the train op and turns
+their values into one line; `StepReportHook` does both in a
+`MonitoredTrainingSession` and checks each new train op it sees
+(`write_check`).
+"""
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train import guard
+from tf1_safe_train import hooks
+
+tf1 = tf.compat.v1
+
+
+def device_of(grads_and_vars):
+  """The device of a list's gradients (or, without one, of its variables)."""
+  for g, _ in grads_and_vars:
+    if g is not None and g.device:
+      return g.device
+  for g, v in grads_and_vars:
+    if g is not None and v.device:
+      return v.device
+  return ""
+
+
+def step_index(result, global_step, increment_global_step_on_skip):
+  """The index of the step of `result`, read after it: global_step at its start.
+
+  Args:
+    result: the step's `guard.GuardResult`.
+    global_step: the variable the step advances, or None: the index is then
+      the number of steps counted before it.
+    increment_global_step_on_skip: the step's global_step policy.
+
+  Returns:
+    An int64 scalar tensor.
+  """
+  if global_step is None:
+    counters = result.counters
+    return counters.applied_steps + counters.skipped_steps - 1
+  with tf1.control_dependencies([result.train_op]):
+    after = tf.identity(global_step.read_value())
+  # It moved by one unless the policy leaves it on skipped steps.
+  moved = (tf.constant(1, after.dtype) if increment_global_step_on_skip
+           else tf.cast(result.applied, after.dtype))
+  return after - moved
+
+
+class StepReport(object):
+  """What to fetch with a guarded train op to report its skips."""
+
+  def __init__(self, step, result, tower_flags=None, tower_devices=None):
+    """Creates the report of one guarded step.
+
+    Args:
+      step: int64 scalar tensor, the step's index (global_step at its start).
+      result: the step's `guard.GuardResult`.
+      tower_flags: optional bool tensor [num_towers, len(variable_names)]:
+        which tower's gradient of each checked variable was non-finite.
+      tower_devices: the towers' device strings ("" if unknown).
+    """
+    self._variable_names = list(result.variable_names)
+    self._update_names = list(result.update_variable_names)
+    self._tower_devices = list(tower_devices or [])
+    self.fetches = {"step": step, "applied": result.applied,
+                    "flags": result.nonfinite_flags,
+                    "update_flags": result.update_flags}
+    if tower_flags is not None:
+      self.fetches["towers"] = tower_flags
+
+  def describe(self, values):
+    """The report line of a run's fetched `fetches`, or None if applied.
+
+    Args:
+      values: what `session.run(report.fetches)` returned (with the train
+        op, in the same run).
+
+    Returns:
+      A string such as "skipped step 7: non-finite gradients in tower 1
+      (/device:GPU:1); variables: conv1/weights", or None.
+    """
+    if values["applied"]:
+      return None
+    step = int(values["step"])
+    flags = np.asarray(values["flags"], dtype=bool)
+    if "towers" in values and flags.any():
+      line = hooks.describe_skip(step, values["towers"], flags,
+                                 self._variable_names, self._tower_devices)
+    elif flags.any():
+      line = "skipped step %d: non-finite gradients; variables: %s" % (
+          step, _names(self._variable_names, flags))
+    else:
+      line = "skipped step %d" % step
+    update_flags = np.asarray(values["update_flags"], dtype=bool)
+    if update_flags.any():
+      line += "; non-finite values written by update ops: %s" % _names(
+          self._update_names, update_flags)
+    return line
+
+
+def _names(names, flags, max_names=5):
+  bad = [n for n, f in zip(names, flags) if f]
+  shown = ", ".join(bad[:max_names])
+  if len(bad) > max_names:
+    shown += ", ... (+%d more, %d in all)" % (len(bad) - max_names, len(bad))
+  return shown
+
+
+def tower_flags(grads_and_vars, tower_grads_and_vars):
+  """Per-tower flags aligned with the checked (non-None) gradients.
+
+  Args:
+    grads_and_vars: the (averaged) pairs the step checks.
+    tower_grads_and_vars: one list of (gradient, variable) pairs per tower,
+      over the same variables (e.g. before averaging).
+
+  Returns:
+    (bool tensor [num_towers, num_checked], the towers' devices).
+  """
+  checked = [v for g, v in grads_and_vars if g is not None]
+  rows, devices = [], []
+  for tower in tower_grads_and_vars:
+    tower = list(tower)
+    by_var = {id(v): g for g, v in tower}
+    row = [guard.is_nonfinite(by_var[id(v)])
+           if by_var.get(id(v)) is not None else tf.constant(False)
+           for v in checked]
+    rows.append(tf.stack(row) if row else tf.zeros([0], tf.bool))
+    devices.append(device_of(tower))
+  return tf.stack(rows), devices
+
+
+def segment_flags(flags, sizes):
+  """Rows of `flags` split by consecutive segments of `sizes`.
+
+  Row i holds the flags of segment i and False elsewhere: the per-device
+  rows of a step guarded over several devices' gradients.
+  """
+  mask = np.zeros([len(sizes), sum(sizes)], bool)
+  start = 0
+  for i, size in enumerate(sizes):
+    mask[i, start:start + size] = True
+    start += size
+  return tf.logical_and(tf.constant(mask), tf.expand_dims(flags, 0))
+
+
+class StepReportHook(hooks.GatedHook):
+  """Logs the report of every skipped step; checks each new train op."""
+
+  def __init__(self, report, check_fn=None):
+    """Creates the hook.
+
+    Args:
+      report: a `StepReport`.
+      check_fn: optional `check_fn(ops)`, called once for each distinct set
+        of fetched ops that runs the step (e.g. `write_check.check`); it
+        may raise to refuse the run before anything runs.
+    """
+    self._report = report
+    self._fetches = report.fetches
+    self._check_fn = check_fn
+    self.reports = []
+
+  def check_new_run(self, ops):
+    super(StepReportHook, self).check_new_run(ops)
+    if self._check_fn is not None:
+      self._check_fn(ops)
+
+  def after_run(self, run_context, run_values):
+    if not self._fetched:
+      return
+    line = self._report.describe(run_values.results)
+    if line:
+      self.reports.append(line)
+      logging.warning("%s", line)
