@@ -100,6 +100,17 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertTrue(os.path.exists(
         os.path.join(user_dir, "runs", "a", "run_summary.json")))
 
+  def testFirstScreenHasNoDeprecationWarnings(self):
+    # TensorFlow prints each deprecated call once, with a long build-cache
+    # path, before the first progress line: the README shows a clean log.
+    train_dir = os.path.join(self.get_temp_dir(), "clean")
+    result = binaries.run("train", "--train_dir=" + train_dir, "--max_steps=3",
+                          "--batch_size=2", "--num_towers=2",
+                          "--inject_nonfinite=nan@1:1")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("skipped step 1", result.stderr)
+    self.assertNotIn("is deprecated", result.stderr)
+
 
 class EvalCliTest(tf.test.TestCase):
 

@@ -49,7 +49,7 @@ def _values(grad):
 
 def _check(values):
   """Builds the exact test of `values`, on their device (see is_nonfinite)."""
-  with tf1.colocate_with(values.op), tf1.name_scope("is_nonfinite"):
+  with values.graph.colocate_with(values.op), tf1.name_scope("is_nonfinite"):
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(values)))
 
 
@@ -130,7 +130,8 @@ def sum_duplicates(grad):
   """
   if not isinstance(grad, tf.IndexedSlices):
     return grad
-  with tf1.colocate_with(grad.values.op), tf1.name_scope("sum_duplicates"):
+  graph = grad.values.graph
+  with graph.colocate_with(grad.values.op), tf1.name_scope("sum_duplicates"):
     unique, positions = tf.unique(grad.indices)
     values = tf.math.unsorted_segment_sum(grad.values, positions,
                                           tf.shape(unique)[0])

@@ -235,7 +235,7 @@ def active_value(rules, step, tower, worker=0, seed=0):
     if not selected:
       return tf.constant(False, name='active'), tf.constant(0.0, name='value')
     step = tf.convert_to_tensor(step, dtype=tf.int64)
-    with tf1.colocate_with(step.op):
+    with step.graph.colocate_with(step.op):
       active, conds = None, []
       for i, rule in selected:
         cond = step >= rule.first_step

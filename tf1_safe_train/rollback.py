@@ -38,7 +38,7 @@ def _shadow(variable):
   for var, shadow in graph.get_collection(_SHADOWS_COLLECTION):
     if var is variable:
       return shadow
-  with tf1.init_scope(), graph.name_scope(None), tf1.colocate_with(variable):
+  with tf1.init_scope(), graph.name_scope(None), graph.colocate_with(variable):
     # Saved in checkpoints with the variable: after a restart, a skip must
     # restore the restored value, not the initial one.
     shadow = tf1.Variable(

@@ -216,7 +216,7 @@ def _average(grads, num_towers):
 def average_gradients(tower_grads_and_vars):
   """Averages gradients across towers, variable by variable.
 
-  Each average is built colocated with its variable (`tf1.colocate_with`), so
+  Each average is built colocated with its variable (`Graph.colocate_with`), so
   it runs on the variables' device and every tower's gradient is copied there
   once, as in cifar10_multi_gpu_train.
 
@@ -259,6 +259,6 @@ def average_gradients(tower_grads_and_vars):
       if not grads:
         averaged.append((None, var))
         continue
-      with tf1.colocate_with(var):
+      with var.graph.colocate_with(var):
         averaged.append((_average(grads, len(towers)), var))
   return averaged
