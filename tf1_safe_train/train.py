@@ -128,6 +128,15 @@ def make_params(f, visible_gpus):
   if device == "auto":
     device = "gpu" if gpus else "cpu"
   num_towers = f.num_towers
+  if device == "gpu" and not gpus:
+    # Said before the tower count, which would otherwise default to 0 and
+    # blame a --num_towers the user never gave.
+    raise params_lib.ParamsError(
+        "--device=gpu%s, but TensorFlow sees no GPU (0 GPU(s) are visible): "
+        "use --device=cpu, or install TensorFlow with GPU support "
+        "(TF1_SAFE_TRAIN_GPU=1 ./bazelw ..., see the README's quick start) "
+        "and check that the driver sees the GPU" % (
+            "" if num_towers is None else " --num_towers=%s" % num_towers))
   if num_towers is None:
     num_towers = gpus if device == "gpu" else 2
   if device == "gpu" and isinstance(num_towers, int) and num_towers > gpus:
