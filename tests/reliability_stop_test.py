@@ -148,6 +148,53 @@ class SignalTest(tf.test.TestCase):
   def testCtrlCSavesCheckpointAndSummary(self):
     self._interrupt(signal.SIGINT)
 
+  # Regression test (issue 17, 4): two SIGTERMs 50 ms apart ended the run
+  # with no line and no run_summary.json, and the final checkpoint half
+  # written. The second signal now ends the run at once with one line and a
+  # summary, and the last complete checkpoint stays the resume point.
+  def testSecondSignalEndsAtOnceWithLineSummaryAndResumePoint(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = train_dir + ".log"
+    process = lib.start_trainer(_common_args(train_dir) + [
+        "--max_steps=1000000", "--save_checkpoints_steps=4",
+        # Steps and saves long enough for the second signal to find the run
+        # still going (after the run, a signal only logs).
+        "--log_every_n_steps=1", "--model=resnet20"], log)
+    try:
+      self.assertTrue(lib.wait_until(
+          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 9,
+          300, process=process), lib.read_text(log))
+      lib.send(process, signal.SIGTERM)
+      time.sleep(0.05)
+      lib.send(process, signal.SIGTERM)
+      process.wait(timeout=240)
+    finally:
+      if process.poll() is None:
+        lib.kill_and_reap(process)
+    text = lib.read_text(log)
+    self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
+    self.assertNotIn("Traceback", text)
+    errors = lib.error_lines(text)
+    self.assertLen(errors, 1, text)
+    self.assertEqual(lib.our_lines(text)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: second signal %d: "
+                          "stopped at once" % signal.SIGTERM)
+    summary = lib.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "aborted")
+    self.assertGreaterEqual(summary["global_step"], 9)
+    # The resume point is a complete checkpoint, named in line and summary.
+    last = lib.latest_checkpoint(train_dir)
+    self.assertEqual(summary["resume_checkpoint"], last)
+    self.assertIn(os.path.basename(last), errors[0])
+    values = lib.checkpoint_values(last)
+    self.assertEqual(lib.nonfinite_entries(values), [])
+    step = int(values["global_step"])
+    self.assertGreaterEqual(step, 4)
+    result = lib.run_trainer(_common_args(train_dir) + [
+        "--max_steps=%d" % (step + 2), "--model=resnet20"])
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(lib.read_run_summary(train_dir)["steps_this_run"], 2)
+
   # Regression test (fixed in tf1_safe_train/train.py, main): the signal handlers are installed
   # only when train_lib.train starts its session, so Ctrl-C during start-up
   # (TensorFlow's import, graph building: 5-10 s) ends with a KeyboardInterrupt

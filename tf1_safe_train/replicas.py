@@ -31,6 +31,10 @@ _STOP_GRACE_SECS = 2
 # How long the chief waits at the end for the other workers to stop, so that
 # its final checkpoint and run summary come after their last steps.
 END_WAIT_SECS = 60
+# How long a worker told to stop (SIGTERM, Ctrl-C) may take to end its run
+# before it exits without its final checkpoint: a step blocked on a replica
+# that is gone would otherwise keep it for ever.
+SIGNAL_GRACE_SECS = 60
 # Shared queues (on the ps) of the end-of-run protocol: worker indices.
 _STOPPED_QUEUE = "tf1_safe_train_stopped_workers"
 _DONE_QUEUE = "tf1_safe_train_done_workers_ps%d"
