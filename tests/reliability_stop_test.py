@@ -11,12 +11,15 @@ Ctrl-C during start-up ends with one line.
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
 import tensorflow as tf
 
+import binaries
 import reliability_lib as lib
 
 tf1 = tf.compat.v1
@@ -89,6 +92,62 @@ class PersistentFaultTest(tf.test.TestCase):
                "--moving_average_decay=0.99"],
         expect_names=["moving_mean", "moving_variance", "/Adam",
                       "beta1_power", "ExponentialMovingAverage"])
+
+
+# `//:train`'s main with one more hook: at the third step it fetches a
+# 4 TiB tensor, a real ResourceExhaustedError from TensorFlow's allocator
+# (malloc fails at once, nothing is really allocated; the size is fed, so no
+# graph optimisation folds it).
+_OOM_DRIVER = r"""
+import sys
+from absl import app
+import tensorflow as tf
+from tf1_safe_train import cli, train, train_lib
+tf1 = tf.compat.v1
+
+class HugeFetchHook(tf1.train.SessionRunHook):
+  def begin(self):
+    self._size = tf1.placeholder(tf.int64, [1])
+    self._huge = tf.reduce_sum(tf.fill(self._size, 1.0))
+    self._steps = 0
+  def before_run(self, run_context):
+    self._steps += 1
+    if self._steps == 3:
+      return tf1.train.SessionRunArgs(self._huge,
+                                      feed_dict={self._size: [2**40]})
+
+real_train = train_lib.train
+train_lib.train = lambda params, cluster=None: real_train(
+    params, cluster=cluster, extra_hooks=[HugeFetchHook()])
+app.run(train.main, flags_parser=cli.flags_parser("train"))
+"""
+
+
+class OutOfMemoryTest(tf.test.TestCase):
+
+  # Regression test (issue 17, 4): --batch_size=100000 ended in a segfault
+  # with a thread dump after TensorFlow's OOM. An out-of-memory step now
+  # ends with one line naming it and exit code 1 (too costly to exhaust
+  # 24 GB here: the error comes from a huge fetch in the same session).
+  def testOutOfMemoryEndsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    result = subprocess.run(
+        [sys.executable, "-c", _OOM_DRIVER] + _common_args(train_dir) + [
+            "--max_steps=100"],
+        capture_output=True, text=True, env=binaries.env(), timeout=600,
+        check=False)
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("Fatal Python error", result.stderr)
+    errors = lib.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: out of memory "
+                          "(ResourceExhaustedError: ")
+    self.assertIn("OOM when allocating tensor with shape[1099511627776]",
+                  errors[0])
+    self.assertIn("--batch_size=4 on 2 tower(s); lower --batch_size",
+                  errors[0])
 
 
 class SignalTest(tf.test.TestCase):

@@ -188,8 +188,8 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
       try:
         suffix = self._on_abort(reason) or ""
       except Exception as e:  # pylint: disable=broad-except
-        suffix = "(could not write the run summary: %s)" % e
-    message = " ".join(("%s %s" % (reason, suffix)).split())
+        suffix = " (could not write the run summary: %s)" % e
+    message = " ".join((reason + suffix).split())
     try:
       for handler in logging.get_absl_logger().handlers:
         handler.flush()

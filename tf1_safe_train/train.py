@@ -227,6 +227,15 @@ def _run(cluster):
     cli.fail(_PROGRAM, e)
   except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
     cli.fail(_PROGRAM, e, 1)
+  except tf.errors.ResourceExhaustedError as e:
+    # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
+    # free huge buffers while Python tears down, which ended in a segfault
+    # and a thread dump after the message.
+    cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
+                 "tower(s); lower --batch_size (or --num_towers); the last "
+                 "checkpoint in %s is intact" % (
+                     cli.describe_op_error(e), params.batch_size,
+                     params.num_towers, params.train_dir), 1)
   except tf.errors.OpError as e:
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
   if cluster is None or cluster.is_chief:
