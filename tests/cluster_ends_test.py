@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -124,7 +125,7 @@ class ClusterEndsTest(tf.test.TestCase):
     self.assertIn("--startup_timeout_secs", errors[0])
     self.assertIn("a rerun resumes from model.ckpt-0", errors[0])
 
-  def testTasksDieWithAKilledLauncher(self):
+  def testTasksAreOffTheNetworkAndDieWithAKilledLauncher(self):
     train_dir = self._train_dir()
     log_path = train_dir + ".log"
     with open(log_path, "w") as log:
@@ -140,6 +141,16 @@ class ClusterEndsTest(tf.test.TestCase):
                             _read(log_path)) or launcher.poll() is not None,
           _TIMEOUT_SECS))
       self.assertIsNone(launcher.poll(), _read(log_path)[-3000:])
+      text = _read(log_path)
+      # Off the network: from here (outside its namespace) no task's gRPC
+      # port answers, unless the launcher said it could not isolate them.
+      ports = set(re.findall(r"127\.0\.0\.1:(\d+)", re.search(
+          r"\] worker 0 of (\{[^}]*\})", text).group(1)))
+      self.assertLen(ports, 3, text[-3000:])
+      if "cannot give the cluster a private network namespace" not in text:
+        for port in ports:
+          with self.assertRaises(ConnectionRefusedError, msg=port):
+            socket.create_connection(("127.0.0.1", int(port)), timeout=10)
       processes = _processes_with(train_dir)
       tasks = [pid for pid, is_task in processes.items() if is_task]
       self.assertLen(tasks, 3, _read(log_path)[-3000:])

@@ -15,9 +15,11 @@ finished (exit 1, one line naming the task), and on Ctrl-C or SIGTERM
 
 import ctypes
 import ctypes.util
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -32,6 +34,12 @@ from tf1_safe_train import cluster as cluster_lib
 flags.DEFINE_integer("num_ps", 1, "Number of parameter servers.")
 flags.DEFINE_integer("num_workers", 2,
                      "Number of workers (worker 0 is the chief).")
+flags.DEFINE_boolean("private_network", True,
+                     "Run the tasks in a network namespace of their own, so "
+                     "that their gRPC ports (open to every interface, "
+                     "unauthenticated) are reachable from nowhere else; "
+                     "false, or where the machine does not allow it: every "
+                     "interface of this machine.")
 flags.DEFINE_float("stop_grace_secs", 15.0,
                    "How long tasks get to stop by themselves (after the "
                    "chief has finished, or after SIGTERM) before SIGKILL.")
@@ -42,6 +50,53 @@ _PROGRAM = "local_cluster"
 _CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
 _POLL_SECS = 0.1
 _PR_SET_PDEATHSIG = 1  # From <sys/prctl.h>.
+
+
+_CLONE_NEWUSER = 0x10000000  # From <sched.h>.
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913  # From <linux/sockios.h>.
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+
+
+def isolate_network():
+  """Moves this process into a network namespace of its own (Linux).
+
+  TensorFlow's gRPC servers listen on every interface ("0.0.0.0:PORT"; the
+  ServerDef has no bind address) and run any graph they are sent,
+  unauthenticated. In a namespace whose only interface is its own loopback,
+  the tasks reach each other on 127.0.0.1 and nobody else reaches them.
+  Unprivileged users get the namespace through a user namespace that maps
+  their own uid and gid to themselves. Must run before any thread starts.
+
+  Returns:
+    None if isolated, else why not (one line).
+  """
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
+                       use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) != 0:
+      uid, gid = os.getuid(), os.getgid()
+      if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return os.strerror(ctypes.get_errno())
+      for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (
+          uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
+        with open("/proc/self/" + name, "w") as f:
+          f.write(text)
+    _loopback_up()
+  except (OSError, AttributeError) as e:
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+  return None
+
+
+def _loopback_up():
+  """Brings up `lo` (a new network namespace starts with it down)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    request = bytearray(struct.pack("16sH", b"lo", 0).ljust(40, b"\0"))
+    fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request)
+    flags = struct.unpack_from("H", request, 16)[0] | _IFF_UP
+    struct.pack_into("H", request, 16, flags)
+    fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, request)
 
 
 def free_ports(count, host="127.0.0.1"):
@@ -229,7 +284,7 @@ class LocalCluster(object):
       for task in self.tasks:
         code = task.poll()
         if code is not None and code != 0 and task is not chief:
-          self._message("%s exited with %s before the chief finished; "
+          self.message("%s exited with %s before the chief finished; "
                         "stopping the cluster" % (task.name, _describe(code)))
           return 1
       time.sleep(_POLL_SECS)
@@ -242,7 +297,7 @@ class LocalCluster(object):
         return
       time.sleep(_POLL_SECS)
     left = [t.name for t in self.tasks if t.poll() is None]
-    self._message("still running %gs after the chief finished: %s; stopping "
+    self.message("still running %gs after the chief finished: %s; stopping "
                   "them" % (self._stop_grace_secs, ", ".join(left)))
 
   def _stop_all(self, signum=signal.SIGTERM):
@@ -273,7 +328,7 @@ class LocalCluster(object):
         pass
       task.join_output()
 
-  def _message(self, text):
+  def message(self, text):
     with self._lock:
       self._err.write("%s: %s\n" % (_PROGRAM, text))
       self._err.flush()
@@ -297,6 +352,13 @@ def main(argv):
                             stop_grace_secs=FLAGS.stop_grace_secs)
   except ValueError as e:
     cli.fail(_PROGRAM, e)
+  if FLAGS.private_network:
+    why_not = isolate_network()
+    if why_not is not None:
+      launcher.message(
+          "cannot give the cluster a private network namespace (%s): its "
+          "gRPC ports listen on every interface of this machine, "
+          "unauthenticated; use it on a trusted network only" % why_not)
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, lambda s, unused_frame: launcher.request_stop(s))
   code = launcher.run()
