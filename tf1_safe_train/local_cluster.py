@@ -11,6 +11,9 @@ code. It stops every process it started: when the chief has finished (after
 a grace period for the others), when a task fails before the chief has
 finished (exit 1, one line naming the task), and on Ctrl-C or SIGTERM
 (workers first, so that the chief saves its checkpoint; exit 128 + signal).
+Its tasks get SIGTERM if the launcher dies, even by SIGKILL, and run in a
+network namespace of their own where the machine allows it (TensorFlow's
+gRPC servers listen on every interface, unauthenticated).
 """
 
 import ctypes

@@ -104,7 +104,8 @@ flags.DEFINE_boolean("sync_replicas", _DEFAULTS.sync_replicas,
                      "or skipped on its own.")
 flags.DEFINE_float("startup_timeout_secs", _DEFAULTS.startup_timeout_secs,
                    "Cluster: how long a worker waits for the parameter "
-                   "servers (and for the chief to initialise the model).")
+                   "servers (and for the chief to initialise the model), at "
+                   "start-up and for a ps lost mid-run.")
 
 FLAGS = flags.FLAGS
 _PROGRAM = "train"
