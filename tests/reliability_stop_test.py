@@ -10,6 +10,7 @@ Ctrl-C during start-up ends with one line.
 """
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -147,6 +148,33 @@ class OutOfMemoryTest(tf.test.TestCase):
     self.assertIn("OOM when allocating tensor with shape[1099511627776]",
                   errors[0])
     self.assertIn("--batch_size=4 on 2 tower(s); lower --batch_size",
+                  errors[0])
+
+
+  # The real thing, affordably: a 6 GB address-space limit makes the first
+  # 5 GB activation of --batch_size=20000 fail to allocate (nothing large is
+  # really allocated). TensorFlow's oneDNN convolution then crashes
+  # (SIGSEGV); without oneDNN it raises ResourceExhaustedError. Either way:
+  # one line naming the memory problem, exit code 1, no thread dump.
+  def testTooLargeBatchEndsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    limit = 6 * 10**9
+    result = subprocess.run(
+        binaries.command("train") + _common_args(train_dir) + [
+            "--batch_size=20000", "--max_steps=3"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env=binaries.env(TMPDIR=self.get_temp_dir()),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                              (limit, limit)))
+    self.assertEqual(result.returncode, 1, result.stderr[-5000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("Fatal Python error", result.stderr)
+    errors = lib.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr[-5000:])
+    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: ")
+    self.assertIn("out of memory", errors[0])
+    self.assertIn("--batch_size=20000 on 2 tower(s); lower --batch_size",
                   errors[0])
 
 

@@ -17,6 +17,7 @@ from absl import logging
 
 from tf1_safe_train import cli
 from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import crash_report
 from tf1_safe_train import params as params_lib
 
 _DEFAULTS = params_lib.TrainParams()
@@ -222,6 +223,13 @@ def _run(cluster):
       signal.signal(signal.SIGINT, signal.SIG_DFL)
       replicas.serve_parameter_server(cluster, params)
       return
+    # A step too large for memory crashes inside TensorFlow (see
+    # crash_report) rather than raising ResourceExhaustedError.
+    crash_report.install(_PROGRAM, (
+        "during training, most likely out of memory with --batch_size=%d on "
+        "%d tower(s); lower --batch_size (or --num_towers); TensorFlow's "
+        "oneDNN kernels crash when an allocation fails" % (
+            params.batch_size, params.num_towers)))
     summary = train_lib.train(params, cluster=cluster)
   except (params_lib.ParamsError, cifar10.DataError,
           injection.InjectionSpecError, train_lib.TrainDirError) as e:
