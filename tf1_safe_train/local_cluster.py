@@ -18,11 +18,9 @@ gRPC servers listen on every interface, unauthenticated).
 
 import ctypes
 import ctypes.util
-import fcntl
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -33,6 +31,7 @@ from absl import flags
 
 from tf1_safe_train import cli
 from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import private_network
 
 flags.DEFINE_integer("num_ps", 1, "Number of parameter servers.")
 flags.DEFINE_integer("num_workers", 2,
@@ -53,53 +52,6 @@ _PROGRAM = "local_cluster"
 _CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
 _POLL_SECS = 0.1
 _PR_SET_PDEATHSIG = 1  # From <sys/prctl.h>.
-
-
-_CLONE_NEWUSER = 0x10000000  # From <sched.h>.
-_CLONE_NEWNET = 0x40000000
-_SIOCGIFFLAGS = 0x8913  # From <linux/sockios.h>.
-_SIOCSIFFLAGS = 0x8914
-_IFF_UP = 0x1
-
-
-def isolate_network():
-  """Moves this process into a network namespace of its own (Linux).
-
-  TensorFlow's gRPC servers listen on every interface ("0.0.0.0:PORT"; the
-  ServerDef has no bind address) and run any graph they are sent,
-  unauthenticated. In a namespace whose only interface is its own loopback,
-  the tasks reach each other on 127.0.0.1 and nobody else reaches them.
-  Unprivileged users get the namespace through a user namespace that maps
-  their own uid and gid to themselves. Must run before any thread starts.
-
-  Returns:
-    None if isolated, else why not (one line).
-  """
-  try:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
-                       use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
-      uid, gid = os.getuid(), os.getgid()
-      if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-        return os.strerror(ctypes.get_errno())
-      for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (
-          uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
-        with open("/proc/self/" + name, "w") as f:
-          f.write(text)
-    _loopback_up()
-  except (OSError, AttributeError) as e:
-    return getattr(e, "strerror", None) or str(e) or type(e).__name__
-  return None
-
-
-def _loopback_up():
-  """Brings up `lo` (a new network namespace starts with it down)."""
-  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-    request = bytearray(struct.pack("16sH", b"lo", 0).ljust(40, b"\0"))
-    fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request)
-    flags = struct.unpack_from("H", request, 16)[0] | _IFF_UP
-    struct.pack_into("H", request, 16, flags)
-    fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, request)
 
 
 def free_ports(count, host="127.0.0.1"):
@@ -356,7 +308,7 @@ def main(argv):
   except ValueError as e:
     cli.fail(_PROGRAM, e)
   if FLAGS.private_network:
-    why_not = isolate_network()
+    why_not = private_network.isolate()
     if why_not is not None:
       launcher.message(
           "cannot give the cluster a private network namespace (%s): its "

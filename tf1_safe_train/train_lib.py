@@ -27,6 +27,7 @@ from tf1_safe_train import models
 from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import optimization
 from tf1_safe_train import precision
+from tf1_safe_train import ps_watch
 from tf1_safe_train import replicas
 from tf1_safe_train import rollback
 from tf1_safe_train import run_summary
@@ -446,7 +447,7 @@ def train(params, tower_config=None, master="", is_chief=True,
             params.train_dir, run_summary.build(
                 params, stats.latest, stats.steps_run, first_step_time,
                 start, time.time(), examples_per_step, "aborted"), reason),
-        liveness=cluster_lib.ParameterServerWatch(
+        liveness=ps_watch.ParameterServerWatch(
             cluster, params.startup_timeout_secs) if cluster else None,
         stop_grace_secs=replicas.SIGNAL_GRACE_SECS if cluster else None)
     stats = hooks_lib.RunStatsHook({
