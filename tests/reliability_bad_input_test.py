@@ -93,6 +93,16 @@ class BadInputTest(tf.test.TestCase):
                         "--num_towers=%d" % (gpus + 1),
                         "%d GPU(s) are visible" % gpus)
 
+  # Regression test (issue 17, 4): --device=gpu on a machine without a GPU
+  # said "--num_towers=0: must be an integer >= 1", a flag never given.
+  def testGpuDeviceWithoutGpu(self):
+    if tf.config.list_physical_devices("GPU"):
+      self.skipTest("a GPU is visible")
+    error = self.assertBadInput(["--device=gpu"], "--device=gpu",
+                                "sees no GPU", "--device=cpu",
+                                "TF1_SAFE_TRAIN_GPU=1")
+    self.assertNotIn("--num_towers", error)
+
   def testZeroBatchSize(self):
     self.assertBadInput(["--batch_size=0"], "--batch_size=0", ">= 1")
 

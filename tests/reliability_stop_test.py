@@ -10,13 +10,17 @@ Ctrl-C during start-up ends with one line.
 """
 
 import os
+import resource
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
 import tensorflow as tf
 
+import binaries
 import reliability_lib as lib
 
 tf1 = tf.compat.v1
@@ -91,6 +95,89 @@ class PersistentFaultTest(tf.test.TestCase):
                       "beta1_power", "ExponentialMovingAverage"])
 
 
+# `//:train`'s main with one more hook: at the third step it fetches a
+# 4 TiB tensor, a real ResourceExhaustedError from TensorFlow's allocator
+# (malloc fails at once, nothing is really allocated; the size is fed, so no
+# graph optimisation folds it).
+_OOM_DRIVER = r"""
+import sys
+from absl import app
+import tensorflow as tf
+from tf1_safe_train import cli, train, train_lib
+tf1 = tf.compat.v1
+
+class HugeFetchHook(tf1.train.SessionRunHook):
+  def begin(self):
+    self._size = tf1.placeholder(tf.int64, [1])
+    self._huge = tf.reduce_sum(tf.fill(self._size, 1.0))
+    self._steps = 0
+  def before_run(self, run_context):
+    self._steps += 1
+    if self._steps == 3:
+      return tf1.train.SessionRunArgs(self._huge,
+                                      feed_dict={self._size: [2**40]})
+
+real_train = train_lib.train
+train_lib.train = lambda params, cluster=None: real_train(
+    params, cluster=cluster, extra_hooks=[HugeFetchHook()])
+app.run(train.main, flags_parser=cli.flags_parser("train"))
+"""
+
+
+class OutOfMemoryTest(tf.test.TestCase):
+
+  # Regression test (issue 17, 4): --batch_size=100000 ended in a segfault
+  # with a thread dump after TensorFlow's OOM. An out-of-memory step now
+  # ends with one line naming it and exit code 1 (too costly to exhaust
+  # 24 GB here: the error comes from a huge fetch in the same session).
+  def testOutOfMemoryEndsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    result = subprocess.run(
+        [sys.executable, "-c", _OOM_DRIVER] + _common_args(train_dir) + [
+            "--max_steps=100"],
+        capture_output=True, text=True, env=binaries.env(), timeout=600,
+        check=False)
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("Fatal Python error", result.stderr)
+    errors = lib.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: out of memory "
+                          "(ResourceExhaustedError: ")
+    self.assertIn("OOM when allocating tensor with shape[1099511627776]",
+                  errors[0])
+    self.assertIn("--batch_size=4 on 2 tower(s); lower --batch_size",
+                  errors[0])
+
+
+  # The real thing, affordably: a 6 GB address-space limit makes the first
+  # 5 GB activation of --batch_size=20000 fail to allocate (nothing large is
+  # really allocated). TensorFlow's oneDNN convolution then crashes
+  # (SIGSEGV); without oneDNN it raises ResourceExhaustedError. Either way:
+  # one line naming the memory problem, exit code 1, no thread dump.
+  def testTooLargeBatchEndsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    limit = 6 * 10**9
+    result = subprocess.run(
+        binaries.command("train") + _common_args(train_dir) + [
+            "--batch_size=20000", "--max_steps=3"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env=binaries.env(TMPDIR=self.get_temp_dir()),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                              (limit, limit)))
+    self.assertEqual(result.returncode, 1, result.stderr[-5000:])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertNotIn("Fatal Python error", result.stderr)
+    errors = lib.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr[-5000:])
+    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: ")
+    self.assertIn("out of memory", errors[0])
+    self.assertIn("--batch_size=20000 on 2 tower(s); lower --batch_size",
+                  errors[0])
+
+
 class SignalTest(tf.test.TestCase):
 
   def _interrupt(self, sig):
@@ -147,6 +234,53 @@ class SignalTest(tf.test.TestCase):
 
   def testCtrlCSavesCheckpointAndSummary(self):
     self._interrupt(signal.SIGINT)
+
+  # Regression test (issue 17, 4): two SIGTERMs 50 ms apart ended the run
+  # with no line and no run_summary.json, and the final checkpoint half
+  # written. The second signal now ends the run at once with one line and a
+  # summary, and the last complete checkpoint stays the resume point.
+  def testSecondSignalEndsAtOnceWithLineSummaryAndResumePoint(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = train_dir + ".log"
+    process = lib.start_trainer(_common_args(train_dir) + [
+        "--max_steps=1000000", "--save_checkpoints_steps=4",
+        # Steps and saves long enough for the second signal to find the run
+        # still going (after the run, a signal only logs).
+        "--log_every_n_steps=1", "--model=resnet20"], log)
+    try:
+      self.assertTrue(lib.wait_until(
+          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 9,
+          300, process=process), lib.read_text(log))
+      lib.send(process, signal.SIGTERM)
+      time.sleep(0.05)
+      lib.send(process, signal.SIGTERM)
+      process.wait(timeout=240)
+    finally:
+      if process.poll() is None:
+        lib.kill_and_reap(process)
+    text = lib.read_text(log)
+    self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
+    self.assertNotIn("Traceback", text)
+    errors = lib.error_lines(text)
+    self.assertLen(errors, 1, text)
+    self.assertEqual(lib.our_lines(text)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: second signal %d: "
+                          "stopped at once" % signal.SIGTERM)
+    summary = lib.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "aborted")
+    self.assertGreaterEqual(summary["global_step"], 9)
+    # The resume point is a complete checkpoint, named in line and summary.
+    last = lib.latest_checkpoint(train_dir)
+    self.assertEqual(summary["resume_checkpoint"], last)
+    self.assertIn(os.path.basename(last), errors[0])
+    values = lib.checkpoint_values(last)
+    self.assertEqual(lib.nonfinite_entries(values), [])
+    step = int(values["global_step"])
+    self.assertGreaterEqual(step, 4)
+    result = lib.run_trainer(_common_args(train_dir) + [
+        "--max_steps=%d" % (step + 2), "--model=resnet20"])
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(lib.read_run_summary(train_dir)["steps_this_run"], 2)
 
   # Regression test (fixed in tf1_safe_train/train.py, main): the signal handlers are installed
   # only when train_lib.train starts its session, so Ctrl-C during start-up

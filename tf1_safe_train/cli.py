@@ -24,6 +24,21 @@ def fail(program, message, exit_code=EXIT_BAD_INPUT):
   sys.exit(exit_code)
 
 
+def fail_now(program, message, exit_code):
+  """As `fail`, but ends the process at once (no interpreter teardown).
+
+  For errors after which TensorFlow's own threads may still be running
+  (e.g. an out-of-memory step): Python's teardown could crash under them.
+  """
+  try:
+    sys.stdout.flush()
+    fail(program, message, exit_code)
+  except SystemExit:
+    pass
+  finally:
+    os._exit(exit_code)  # pylint: disable=protected-access
+
+
 def flags_parser(program):
   """Returns an absl `flags_parser` that reports bad flags in one line."""
 
@@ -94,7 +109,8 @@ def describe_op_error(error):
     A one-line string.
   """
   lines = [l.strip() for l in (error.message or "").splitlines() if l.strip()]
-  causes = [l for l in lines if "assertion failed" in l]
+  causes = [l for l in lines
+            if "assertion failed" in l or "OOM when allocating" in l]
   if not causes:
     causes = [l for l in lines if not l.startswith(_OP_ERROR_NOISE)]
   return "%s: %s" % (type(error).__name__,

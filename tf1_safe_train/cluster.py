@@ -43,6 +43,14 @@ class ClusterUnreachableError(ClusterError):
   """A task of the cluster did not answer within the start-up wait."""
 
 
+def _as_json(value):
+  """`value` as written in TF_CONFIG ("0", true), else its repr."""
+  try:
+    return json.dumps(value)
+  except (TypeError, ValueError):
+    return repr(value)
+
+
 def parse_address(address, where="address"):
   """Checks a `host:port` address and returns it stripped.
 
@@ -120,9 +128,16 @@ class ClusterConfig(object):
               " (list the chief as worker 0)"
               if self.job_name in _OTHER_TF_CONFIG_JOBS else ""))
     count = len(getattr(self, self.job_name))
-    if (isinstance(self.task_index, bool) or
-        not isinstance(self.task_index, int) or
-        not 0 <= self.task_index < count):
+    if isinstance(self.task_index, bool) or not isinstance(self.task_index,
+                                                           int):
+      # "0" or true would otherwise read as "out of range" (JSON has no
+      # integer type of its own: a string or a boolean is a typing slip).
+      raise ClusterSpecError("task index %s must be an integer (0..%d for "
+                             "%d %s task(s)), got %s" % (
+                                 _as_json(self.task_index), count - 1,
+                                 count, self.job_name,
+                                 type(self.task_index).__name__))
+    if not 0 <= self.task_index < count:
       raise ClusterSpecError("task index %r out of range: there are %d %s "
                              "task(s) (0..%d)" % (self.task_index, count,
                                                   self.job_name, count - 1))
@@ -315,3 +330,4 @@ def wait_for_ps(config, timeout_secs, poll_secs=0.5):
               "(--startup_timeout_secs)" % (i, address, timeout_secs,
                                             e.strerror or e)) from None
         time.sleep(poll_secs)
+

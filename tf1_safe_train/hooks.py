@@ -1,4 +1,6 @@
-"""SessionRunHooks: progress, skip report, give-up, signals, the last step.
+"""SessionRunHooks: progress, skip report, give-up, the last step.
+
+(Signals: see stop_signals.py.)
 
 Every value a hook reports is read after the step's update (the counters come
 from `counters.read_after`, the applied flag from the decision itself), never
@@ -7,7 +9,6 @@ run the train op, so a hook fetches them only on runs that run it anyway
 (`fetch_gate`): `sess.run(loss, {x: validation_batch})` never trains.
 """
 
-import signal
 import time
 
 from absl import logging
@@ -238,41 +239,6 @@ class GiveUpHook(GatedHook):
       logging.error("giving up: %d consecutive steps skipped "
                     "(--max_consecutive_skips=%d)", run_values.results,
                     self._max)
-      run_context.request_stop()
-
-
-class StopOnSignalHook(tf1.train.SessionRunHook):
-  """Turns SIGTERM and Ctrl-C into a clean stop (final checkpoint, summary).
-
-  Install the handlers with `install()` from the main thread and remove them
-  with `uninstall()`; a second signal while stopping kills as usual.
-  """
-
-  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
-    self._signals = signals
-    self._previous = {}
-    self.interrupted = False
-
-  def install(self):
-    for sig in self._signals:
-      self._previous[sig] = signal.signal(sig, self._handle)
-
-  def uninstall(self):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    self._previous = {}
-
-  def _handle(self, signum, frame):
-    del frame  # Unused.
-    if self.interrupted:  # Second signal: stop waiting.
-      self.uninstall()
-      signal.raise_signal(signum)
-      return
-    logging.warning("signal %d: stopping after this step", signum)
-    self.interrupted = True
-
-  def after_run(self, run_context, run_values):
-    if self.interrupted:
       run_context.request_stop()
 
 

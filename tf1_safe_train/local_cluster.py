@@ -11,6 +11,9 @@ code. It stops every process it started: when the chief has finished (after
 a grace period for the others), when a task fails before the chief has
 finished (exit 1, one line naming the task), and on Ctrl-C or SIGTERM
 (workers first, so that the chief saves its checkpoint; exit 128 + signal).
+Its tasks get SIGTERM if the launcher dies, even by SIGKILL, and run in a
+network namespace of their own where the machine allows it (TensorFlow's
+gRPC servers listen on every interface, unauthenticated).
 """
 
 import ctypes
@@ -28,10 +31,17 @@ from absl import flags
 
 from tf1_safe_train import cli
 from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import private_network
 
 flags.DEFINE_integer("num_ps", 1, "Number of parameter servers.")
 flags.DEFINE_integer("num_workers", 2,
                      "Number of workers (worker 0 is the chief).")
+flags.DEFINE_boolean("private_network", True,
+                     "Run the tasks in a network namespace of their own, so "
+                     "that their gRPC ports (open to every interface, "
+                     "unauthenticated) are reachable from nowhere else; "
+                     "false, or where the machine does not allow it: every "
+                     "interface of this machine.")
 flags.DEFINE_float("stop_grace_secs", 15.0,
                    "How long tasks get to stop by themselves (after the "
                    "chief has finished, or after SIGTERM) before SIGKILL.")
@@ -229,7 +239,7 @@ class LocalCluster(object):
       for task in self.tasks:
         code = task.poll()
         if code is not None and code != 0 and task is not chief:
-          self._message("%s exited with %s before the chief finished; "
+          self.message("%s exited with %s before the chief finished; "
                         "stopping the cluster" % (task.name, _describe(code)))
           return 1
       time.sleep(_POLL_SECS)
@@ -242,7 +252,7 @@ class LocalCluster(object):
         return
       time.sleep(_POLL_SECS)
     left = [t.name for t in self.tasks if t.poll() is None]
-    self._message("still running %gs after the chief finished: %s; stopping "
+    self.message("still running %gs after the chief finished: %s; stopping "
                   "them" % (self._stop_grace_secs, ", ".join(left)))
 
   def _stop_all(self, signum=signal.SIGTERM):
@@ -273,7 +283,7 @@ class LocalCluster(object):
         pass
       task.join_output()
 
-  def _message(self, text):
+  def message(self, text):
     with self._lock:
       self._err.write("%s: %s\n" % (_PROGRAM, text))
       self._err.flush()
@@ -297,6 +307,13 @@ def main(argv):
                             stop_grace_secs=FLAGS.stop_grace_secs)
   except ValueError as e:
     cli.fail(_PROGRAM, e)
+  if FLAGS.private_network:
+    why_not = private_network.isolate()
+    if why_not is not None:
+      launcher.message(
+          "cannot give the cluster a private network namespace (%s): its "
+          "gRPC ports listen on every interface of this machine, "
+          "unauthenticated; use it on a trusted network only" % why_not)
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, lambda s, unused_frame: launcher.request_stop(s))
   code = launcher.run()

@@ -8,6 +8,7 @@ before its final checkpoint).
 """
 
 import collections
+import os
 import time
 
 from absl import logging
@@ -31,6 +32,10 @@ _STOP_GRACE_SECS = 2
 # How long the chief waits at the end for the other workers to stop, so that
 # its final checkpoint and run summary come after their last steps.
 END_WAIT_SECS = 60
+# How long a worker told to stop (SIGTERM, Ctrl-C) may take to end its run
+# before it exits without its final checkpoint: a step blocked on a replica
+# that is gone would otherwise keep it for ever.
+SIGNAL_GRACE_SECS = 60
 # Shared queues (on the ps) of the end-of-run protocol: worker indices.
 _STOPPED_QUEUE = "tf1_safe_train_stopped_workers"
 _DONE_QUEUE = "tf1_safe_train_done_workers_ps%d"
@@ -265,6 +270,12 @@ class _ClusterSessionCreator(tf1.train.SessionCreator):
         graph=tf1.get_default_graph(),
         recovery_wait_secs=_RECOVERY_WAIT_SECS,
         local_init_feed_dict=scaffold.local_init_feed_dict)
+    if self._is_chief and self._ps_holds_model(scaffold):
+      # A restarted chief: the parameter servers kept the model the other
+      # workers go on training. Restoring the (older) checkpoint over it
+      # would roll the shared global_step back and discard their steps.
+      return manager.wait_for_session(self._master, config=self._config,
+                                      max_wait_secs=self._max_wait_secs)
     if self._is_chief:
       return manager.prepare_session(
           self._master, saver=scaffold.saver,
@@ -273,6 +284,31 @@ class _ClusterSessionCreator(tf1.train.SessionCreator):
           init_fn=scaffold.init_fn)
     return manager.wait_for_session(self._master, config=self._config,
                                     max_wait_secs=self._max_wait_secs)
+
+
+  def _ps_holds_model(self, scaffold):
+    """Whether every variable on the ps is initialised (a live run); logs."""
+    with tf1.Session(self._master, config=self._config) as session:
+      missing = session.run(scaffold.ready_for_local_init_op)
+      global_step = tf1.train.get_global_step()
+      step = (session.run(global_step)
+              if not missing.size and global_step is not None else -1)
+    total = len(tf1.global_variables())
+    checkpoint = tf1.train.latest_checkpoint(self._checkpoint_dir)
+    if not missing.size:
+      logging.warning(
+          "the parameter servers already hold the model at global_step %d (a "
+          "running cluster): continuing from it, not from %s", step,
+          os.path.basename(checkpoint) if checkpoint else "a new model")
+      return True
+    if missing.size < total:
+      logging.warning(
+          "the parameter servers hold %d of %d variables initialised (a ps "
+          "restarted?): %s every variable, discarding their values",
+          total - missing.size, total,
+          "restoring %s over" % os.path.basename(checkpoint) if checkpoint
+          else "initialising")
+    return False
 
 
 def report_done(server, ops, config, timeout_secs):

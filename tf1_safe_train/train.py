@@ -17,6 +17,7 @@ from absl import logging
 
 from tf1_safe_train import cli
 from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import crash_report
 from tf1_safe_train import params as params_lib
 
 _DEFAULTS = params_lib.TrainParams()
@@ -104,7 +105,8 @@ flags.DEFINE_boolean("sync_replicas", _DEFAULTS.sync_replicas,
                      "or skipped on its own.")
 flags.DEFINE_float("startup_timeout_secs", _DEFAULTS.startup_timeout_secs,
                    "Cluster: how long a worker waits for the parameter "
-                   "servers (and for the chief to initialise the model).")
+                   "servers (and for the chief to initialise the model), at "
+                   "start-up and for a ps lost mid-run.")
 
 FLAGS = flags.FLAGS
 _PROGRAM = "train"
@@ -128,6 +130,15 @@ def make_params(f, visible_gpus):
   if device == "auto":
     device = "gpu" if gpus else "cpu"
   num_towers = f.num_towers
+  if device == "gpu" and not gpus:
+    # Said before the tower count, which would otherwise default to 0 and
+    # blame a --num_towers the user never gave.
+    raise params_lib.ParamsError(
+        "--device=gpu%s, but TensorFlow sees no GPU (0 GPU(s) are visible): "
+        "use --device=cpu, or install TensorFlow with GPU support "
+        "(TF1_SAFE_TRAIN_GPU=1 ./bazelw ..., see the README's quick start) "
+        "and check that the driver sees the GPU" % (
+            "" if num_towers is None else " --num_towers=%s" % num_towers))
   if num_towers is None:
     num_towers = gpus if device == "gpu" else 2
   if device == "gpu" and isinstance(num_towers, int) and num_towers > gpus:
@@ -212,12 +223,28 @@ def _run(cluster):
       signal.signal(signal.SIGINT, signal.SIG_DFL)
       replicas.serve_parameter_server(cluster, params)
       return
+    # A step too large for memory crashes inside TensorFlow (see
+    # crash_report) rather than raising ResourceExhaustedError.
+    crash_report.install(_PROGRAM, (
+        "during training, most likely out of memory with --batch_size=%d on "
+        "%d tower(s); lower --batch_size (or --num_towers); TensorFlow's "
+        "oneDNN kernels crash when an allocation fails" % (
+            params.batch_size, params.num_towers)))
     summary = train_lib.train(params, cluster=cluster)
   except (params_lib.ParamsError, cifar10.DataError,
           injection.InjectionSpecError, train_lib.TrainDirError) as e:
     cli.fail(_PROGRAM, e)
   except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
     cli.fail(_PROGRAM, e, 1)
+  except tf.errors.ResourceExhaustedError as e:
+    # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
+    # free huge buffers while Python tears down, which ended in a segfault
+    # and a thread dump after the message.
+    cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
+                 "tower(s); lower --batch_size (or --num_towers); the last "
+                 "checkpoint in %s is intact" % (
+                     cli.describe_op_error(e), params.batch_size,
+                     params.num_towers, params.train_dir), 1)
   except tf.errors.OpError as e:
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
   if cluster is None or cluster.is_chief:

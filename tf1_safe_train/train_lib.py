@@ -27,9 +27,11 @@ from tf1_safe_train import models
 from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import optimization
 from tf1_safe_train import precision
+from tf1_safe_train import ps_watch
 from tf1_safe_train import replicas
 from tf1_safe_train import rollback
 from tf1_safe_train import run_summary
+from tf1_safe_train import stop_signals
 from tf1_safe_train import towers
 
 tf1 = tf.compat.v1
@@ -440,7 +442,14 @@ def train(params, tower_config=None, master="", is_chief=True,
     give_up = hooks_lib.GiveUpHook(
         graph.loss_scale.floor_skips if graph.loss_scale
         else graph.counters.consecutive_skips, params.max_consecutive_skips)
-    on_signal = hooks_lib.StopOnSignalHook()
+    on_signal = stop_signals.StopOnSignalHook(
+        on_abort=lambda reason: is_chief and stop_signals.write_abort_summary(
+            params.train_dir, run_summary.build(
+                params, stats.latest, stats.steps_run, first_step_time,
+                start, time.time(), examples_per_step, "aborted"), reason),
+        liveness=ps_watch.ParameterServerWatch(
+            cluster, params.startup_timeout_secs) if cluster else None,
+        stop_grace_secs=replicas.SIGNAL_GRACE_SECS if cluster else None)
     stats = hooks_lib.RunStatsHook({
         "global_step": graph.global_step, "loss": graph.loss,
         "counters": graph.counters,
@@ -481,6 +490,7 @@ def train(params, tower_config=None, master="", is_chief=True,
           if first_step_time is None:
             first_step_time = time.time()
       if cluster is not None:
+        on_signal.stop_liveness()  # The ps tasks exit once all are done.
         replicas.report_done(server, end_ops, session_config,
                      params.startup_timeout_secs)
     finally:
