@@ -14,6 +14,7 @@ from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import fetch_gate
 from tf1_safe_train import hooks
 from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train import stop_signals
 
 tf1 = tf.compat.v1
 
@@ -34,7 +35,7 @@ def _every_hook(opt, global_step, loss):
       "give_up": hooks.GiveUpHook(result.counters.consecutive_skips, 1),
       "stats": hooks.RunStatsHook({"global_step": global_step_after,
                                    "counters": result.counters}),
-      "signal": hooks.StopOnSignalHook(),
+      "signal": stop_signals.StopOnSignalHook(),
       "stop_at_step": hooks.StopAtStepHook(100),
       "report": opt.report_hook(),
   }
