@@ -1,0 +1,271 @@
+"""Checkpoint bookkeeping of a train_dir: what to resume from, what to save.
+
+A train_dir is self-contained: its `checkpoint` state file names checkpoints
+by basename, resolved against the train_dir itself (a copied or moved run
+never restores from, nor prunes, the directory it came from). Before a run
+resumes, `prepare_resume` picks the newest *intact* `model.ckpt-N` present (a
+truncated or zeroed one, a missing state file, a state file pointing
+elsewhere each cost one warning line, never the run), and `check_compatible`
+names the variable a different model or flag would fail on.
+`SafeCheckpointSaverHook` never writes a checkpoint holding a non-finite value.
+"""
+
+import json
+import os
+import re
+
+from absl import logging
+import tensorflow as tf
+
+from tf1_safe_train import finite_state
+
+tf1 = tf.compat.v1
+
+STATE_FILE = "checkpoint"
+BASENAME = "model.ckpt"
+_INDEX = re.compile(r"^%s-(\d+)\.index$" % re.escape(BASENAME))
+
+
+class CheckpointError(ValueError):
+  """A train_dir's checkpoints cannot be resumed; the message says why."""
+
+
+def damage(prefix):
+  """Why the checkpoint at `prefix` cannot be restored, or None if intact.
+
+  Every tensor is read: a truncated or zeroed data file shows only then.
+  """
+  try:
+    reader = tf1.train.NewCheckpointReader(prefix)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except Exception as e:  # pylint: disable=broad-except
+    # Damage shows as OpErrors, but also IndexError ("Read less bytes than
+    # requested") or ValueError from the reader's C++ wrapper.
+    message = getattr(e, "message", None) or str(e)
+    return "%s: %s" % (type(e).__name__, message.splitlines()[0][:200])
+  return None
+
+
+def on_disk(train_dir):
+  """{step: basename} of the `model.ckpt-N` checkpoints in `train_dir`."""
+  try:
+    names = os.listdir(train_dir)
+  except OSError:
+    return {}
+  steps = {}
+  for name in names:
+    match = _INDEX.match(name)
+    if match:
+      steps[int(match.group(1))] = name[:-len(".index")]
+  return steps
+
+
+def _listed(train_dir):
+  """Basenames the state file lists (latest last), or None without one."""
+  path = os.path.join(train_dir, STATE_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    state = tf1.train.get_checkpoint_state(train_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("ignoring the unreadable %s (%s)", path, e)
+    return []
+  if state is None:
+    return []
+  names = [os.path.basename(p) for p in state.all_model_checkpoint_paths]
+  latest = os.path.basename(state.model_checkpoint_path)
+  if latest:
+    names = [n for n in names if n != latest] + [latest]
+  return names
+
+
+def _write_state(train_dir, latest, all_names):
+  """Writes the state file with relative paths, atomically, if it changes."""
+  text = "model_checkpoint_path: %s\n" % json.dumps(latest)
+  text += "".join("all_model_checkpoint_paths: %s\n" % json.dumps(n)
+                  for n in all_names)
+  path = os.path.join(train_dir, STATE_FILE)
+  try:
+    with open(path) as f:
+      if f.read() == text:
+        return
+  except OSError:
+    pass
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
+def prepare_resume(train_dir):
+  """Points the state file at the newest intact checkpoint in `train_dir`.
+
+  Only checkpoints the state file listed (and the one resumed from) are
+  listed again, so pruning never deletes checkpoints the run did not keep.
+
+  Args:
+    train_dir: the run's directory (this trainer holds its lock).
+
+  Returns:
+    The path of the checkpoint the run will resume from, or None (fresh).
+
+  Raises:
+    CheckpointError: checkpoints are present but none is intact.
+  """
+  steps = on_disk(train_dir)
+  listed = _listed(train_dir)
+  state_path = os.path.join(train_dir, STATE_FILE)
+  if not steps:
+    if listed:
+      # E.g. a copy of a run without its checkpoint files: the state file
+      # would restore from wherever its absolute paths point.
+      logging.warning("%s lists checkpoints not in %s (%s): starting from "
+                      "step 0", state_path, train_dir, listed[-1])
+      os.remove(state_path)
+    return None
+  bad = []
+  for step in sorted(steps, reverse=True):
+    name = steps[step]
+    reason = damage(os.path.join(train_dir, name))
+    if reason is None:
+      break
+    bad.append("%s (%s)" % (name, reason))
+  else:
+    raise CheckpointError(
+        "--train_dir=%s holds checkpoints but none is intact (%s); move "
+        "them away to start afresh" % (train_dir, "; ".join(bad)))
+  if bad:
+    logging.warning("skipping damaged checkpoint%s %s: resuming from %s",
+                    "s" if len(bad) > 1 else "", "; ".join(bad), name)
+  elif listed is None:
+    logging.warning("%s is missing: resuming from %s, the newest intact "
+                    "checkpoint present", state_path, name)
+  elif listed and listed[-1] != name:
+    logging.warning("%s names %s as the latest checkpoint: resuming from %s, "
+                    "the newest intact one in %s", state_path, listed[-1],
+                    name, train_dir)
+  kept = [n for n in (listed or []) if n in steps.values() and n != name and
+          int(n.rsplit("-", 1)[1]) < step]
+  _write_state(train_dir, name, kept + [name])
+  return os.path.join(train_dir, name)
+
+
+def latest(train_dir):
+  """The newest intact checkpoint of `train_dir` (its path), or None.
+
+  The state file's choice first (resolved inside `train_dir`), else the
+  newest intact `model.ckpt-N` present. Reads only.
+  """
+  listed = _listed(train_dir) or []
+  steps = on_disk(train_dir)
+  candidates = [n for n in reversed(listed) if n in steps.values()]
+  candidates += [steps[s] for s in sorted(steps, reverse=True)
+                 if steps[s] not in candidates]
+  for name in candidates:
+    path = os.path.join(train_dir, name)
+    if damage(path) is None:
+      return path
+  return None
+
+
+# Variable-name fragments and the flag that adds them (first match wins).
+_FLAG_HINTS = (
+    ("ExponentialMovingAverage", "--moving_average_decay"),
+    ("loss_scale", "--precision"),
+    ("Momentum", "--optimizer"), ("Adam", "--optimizer"),
+    ("RMSProp", "--optimizer"), ("beta1_power", "--optimizer"),
+    ("beta2_power", "--optimizer"),
+    ("nonfinite_steps_by_tower", "--num_towers"),
+)
+_COMPARED_FLAGS = ("model", "num_towers", "precision", "optimizer",
+                   "moving_average_decay")
+
+
+def _previous_params(train_dir):
+  try:
+    with open(os.path.join(train_dir, "run_summary.json")) as f:
+      return json.load(f).get("params") or {}
+  except (OSError, ValueError, AttributeError):
+    return {}
+
+
+def check_compatible(checkpoint, variables, params):
+  """Raises CheckpointError if `checkpoint` cannot restore `variables`.
+
+  Args:
+    checkpoint: the checkpoint the run resumes from.
+    variables: the variables the saver restores.
+    params: the run's `params.TrainParams`.
+  """
+  reader = tf1.train.NewCheckpointReader(checkpoint)
+  shapes = reader.get_variable_to_shape_map()
+  problem = None
+  for v in variables:
+    name = v.op.name
+    if name not in shapes:
+      problem = name, "is not in it"
+    elif list(shapes[name]) != v.shape.as_list():
+      problem = name, "has shape %s there, %s here" % (shapes[name],
+                                                       v.shape.as_list())
+    if problem:
+      break
+  if problem is None:
+    return
+  name, what = problem
+  previous = _previous_params(os.path.dirname(checkpoint))
+  differ = ["--%s=%s (now %s)" % (f, previous[f], getattr(params, f))
+            for f in _COMPARED_FLAGS
+            if f in previous and previous[f] != getattr(params, f)]
+  if differ:
+    hint = "the run that wrote it had " + ", ".join(differ)
+  else:
+    flag = next((f for frag, f in _FLAG_HINTS if frag in name), "--model")
+    hint = "%s probably differs from the run that wrote it" % flag
+  raise CheckpointError(
+      "cannot resume from %s: variable %s %s; %s (use the same flags, or a "
+      "new --train_dir)" % (checkpoint, name, what, hint))
+
+
+class SafeCheckpointSaverHook(tf1.train.CheckpointSaverHook):
+  """`CheckpointSaverHook` that refuses to save a non-finite state.
+
+  Same cadence, names and pruning as MonitoredTrainingSession's own hook
+  (listeners cannot cancel a save, hence a hook of ours). A refused save
+  stops the run; `refused` then holds the one-line reason, and the last
+  checkpoint is still the last good state.
+  """
+
+  def __init__(self, checkpoint_dir, check, save_steps, scaffold,
+               describe=None):
+    """Creates the hook.
+
+    Args:
+      checkpoint_dir: where checkpoints go (`model.ckpt-N`).
+      check: a `finite_state.FiniteStateCheck`.
+      save_steps: save every this many steps (and at the end).
+      scaffold: the session's `Scaffold` (its saver).
+      describe: optional `describe(step, names)` returning the one-line
+        report of a non-finite state (`NonFiniteStateHook.describe`).
+    """
+    super().__init__(checkpoint_dir, save_steps=save_steps, scaffold=scaffold,
+                     checkpoint_basename=BASENAME)
+    self._check = check
+    self._describe = describe
+    self.refused = None
+
+  def after_create_session(self, session, coord):
+    super().after_create_session(session, coord)
+    if self.refused:
+      coord.request_stop()
+
+  def _save(self, session, step):
+    bad = self._check.nonfinite(session)
+    if bad:
+      if self.refused is None:  # The first refusal explains; others repeat.
+        self.refused = (self._describe(step, bad) if self._describe else
+                        "non-finite model state at step %d: %s" %
+                        (step, finite_state.describe_names(bad)))
+      logging.error("not saving the checkpoint of step %d: non-finite "
+                    "values in %s", step, finite_state.describe_names(bad))
+      return True
+    return super()._save(session, step)
