@@ -97,8 +97,23 @@ def _write_state(train_dir, latest, all_names):
   os.replace(path + ".tmp", path)
 
 
+def _candidates(listed, steps):
+  """Basenames to resume from, best first.
+
+  The state file's latest (if in the directory: a crash between a
+  checkpoint's files and the state file's update resumes as TensorFlow
+  would), then every checkpoint present, newest first.
+  """
+  names = [listed[-1]] if listed and listed[-1] in steps.values() else []
+  return names + [steps[s] for s in sorted(steps, reverse=True)
+                  if steps[s] not in names]
+
+
 def prepare_resume(train_dir):
-  """Points the state file at the newest intact checkpoint in `train_dir`.
+  """Points the state file at the checkpoint `train_dir` resumes from.
+
+  That is the state file's latest if intact, else the newest intact
+  checkpoint present (a warning line names what was wrong).
 
   Only checkpoints the state file listed (and the one resumed from) are
   listed again, so pruning never deletes checkpoints the run did not keep.
@@ -124,8 +139,7 @@ def prepare_resume(train_dir):
       os.remove(state_path)
     return None
   bad = []
-  for step in sorted(steps, reverse=True):
-    name = steps[step]
+  for name in _candidates(listed, steps):
     reason = damage(os.path.join(train_dir, name))
     if reason is None:
       break
@@ -144,6 +158,7 @@ def prepare_resume(train_dir):
     logging.warning("%s names %s as the latest checkpoint: resuming from %s, "
                     "the newest intact one in %s", state_path, listed[-1],
                     name, train_dir)
+  step = int(name.rsplit("-", 1)[1])
   kept = [n for n in (listed or []) if n in steps.values() and n != name and
           int(n.rsplit("-", 1)[1]) < step]
   _write_state(train_dir, name, kept + [name])
@@ -156,12 +171,8 @@ def latest(train_dir):
   The state file's choice first (resolved inside `train_dir`), else the
   newest intact `model.ckpt-N` present. Reads only.
   """
-  listed = _listed(train_dir) or []
   steps = on_disk(train_dir)
-  candidates = [n for n in reversed(listed) if n in steps.values()]
-  candidates += [steps[s] for s in sorted(steps, reverse=True)
-                 if steps[s] not in candidates]
-  for name in candidates:
+  for name in _candidates(_listed(train_dir), steps):
     path = os.path.join(train_dir, name)
     if damage(path) is None:
       return path

@@ -350,9 +350,11 @@ def _add_summaries(graph):
   for v in tf1.trainable_variables():
     # Skipped steps never write NaN, but an applied step can (a learning rate
     # too large): the histogram must not fail the step that would report it.
+    # (|x| <= max is exactly "finite", and keeps IsFinite ops to the step.)
     values = tf.reshape(v, [-1])
+    finite = tf.less_equal(tf.abs(values), v.dtype.base_dtype.max)
     tf1.summary.histogram("weights/" + v.op.name,
-                          tf.boolean_mask(values, tf.math.is_finite(values)))
+                          tf.boolean_mask(values, finite))
 
 
 TrainDirError = train_dir_lib.TrainDirError
