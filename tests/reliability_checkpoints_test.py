@@ -268,26 +268,24 @@ class BookkeepingTest(tf.test.TestCase):
       train_lib.train(_params(train_dir, max_steps=2, optimizer="adam"))
 
   def testEvalRetriesWhenItsCheckpointIsPrunedBeforeTheRestore(self):
-    train_dir = self._run("eval_race")
-    real_latest = checkpoints.latest
-    chosen = []
+    train_dir = self._run("eval_race")  # model.ckpt-{0,2,4}.
+    real_restore = tf1.train.Saver.restore
+    restored = []
 
-    def latest_then_pruned(directory):
-      path = real_latest(directory)
-      if not chosen:  # The trainer prunes it right after eval chose it.
-        path = os.path.join(directory, "model.ckpt-2")
-        for name in os.listdir(directory):
-          if name.startswith("model.ckpt-2."):
-            os.remove(os.path.join(directory, name))
-      chosen.append(path)
-      return path
+    def pruned_then_restore(saver, session, save_path):
+      if not restored:  # A trainer prunes it between eval's choice and now.
+        prefix = os.path.basename(save_path) + "."
+        for name in os.listdir(train_dir):
+          if name.startswith(prefix):
+            os.remove(os.path.join(train_dir, name))
+      restored.append(os.path.basename(save_path))
+      return real_restore(saver, session, save_path)
 
-    with mock.patch.object(checkpoints, "latest", latest_then_pruned):
+    with mock.patch.object(tf1.train.Saver, "restore", pruned_then_restore):
       result = eval_lib.evaluate(params_lib.EvalParams(train_dir=train_dir,
                                                        max_examples=100))
-    self.assertEqual(result["global_step"], 4)
-    self.assertEqual(chosen, [os.path.join(train_dir, "model.ckpt-2"),
-                              os.path.join(train_dir, "model.ckpt-4")])
+    self.assertEqual(restored, ["model.ckpt-4", "model.ckpt-2"])
+    self.assertEqual(result["global_step"], 2)
 
 
 class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
