@@ -328,8 +328,11 @@ class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     with self.assertRaisesRegex(train_dir_lib.TrainDirError,
                                 "--train_dir=/ is not empty"):
       train_dir_lib.check("/")
-    # An empty directory, and one holding a run, are accepted.
+    # An empty directory (log files aside), and one holding a run, are
+    # accepted.
     empty = tempfile.mkdtemp(dir=self.get_temp_dir())
+    with open(os.path.join(empty, "worker0.log"), "w") as f:
+      f.write("started")
     train_dir_lib.check(empty)
     with open(os.path.join(empty, "run_summary.json"), "w") as f:
       f.write("{}")

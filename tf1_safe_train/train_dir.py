@@ -1,9 +1,9 @@
 """The train_dir a trainer owns: a run's directory, one trainer at a time.
 
-`check` accepts a new or empty directory, or one holding a run of ours
-(checkpoints, events, run_summary.json, our lock file), and refuses any other
-non-empty directory (`--train_dir=/`, a home directory, a data folder) before
-anything is written into it. `lock` holds an exclusive `fcntl.flock` on
+`check` accepts a new or empty directory (log files aside), or one holding a
+run of ours (checkpoints, events, run_summary.json, our lock file), and
+refuses any other non-empty directory (`--train_dir=/`, a home directory, a
+data folder) before anything is written into it. `lock` holds an exclusive `fcntl.flock` on
 `<train_dir>/train.lock` for the process's life: a second trainer on the same
 directory refuses and names the first (pid, host); the kernel releases the
 lock when the holder dies, even by SIGKILL, so a crash never leaves it stuck.
@@ -46,6 +46,10 @@ def check(train_dir):
   except OSError as e:
     raise TrainDirError("--train_dir=%s cannot be read: %s" %
                         (train_dir, e.strerror or e)) from None
+  # Log files are allowed in a new run's directory (`train ... > dir/x.log`
+  # creates one before the trainer starts).
+  if names:
+    names = [n for n in names if not n.endswith(".log")]
   if names and not any(_OURS.match(n) for n in names):
     raise TrainDirError(
         "--train_dir=%s is not empty and holds no training run (no "
