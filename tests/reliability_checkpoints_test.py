@@ -68,6 +68,22 @@ def _all_checkpoints(train_dir):
   return [os.path.join(train_dir, steps[s]) for s in sorted(steps)]
 
 
+def _rewrite_checkpoint(path, poisoned, new_path=None):
+  """Saves `path`'s values, a NaN in `poisoned`, to `new_path` or `path`.
+
+  The Saver also makes it the state file's latest checkpoint.
+  """
+  values = lib.checkpoint_values(path)
+  values[poisoned].flat[0] = np.nan
+  with tf.Graph().as_default():
+    saver = tf1.train.Saver(
+        {n: tf1.Variable(v, name=n.replace("/", "_"))
+         for n, v in values.items()})
+    with tf1.Session() as session:
+      session.run(tf1.global_variables_initializer())
+      saver.save(session, new_path or path)
+
+
 class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
 
   def testInfiniteFloatParametersAreRefused(self):
@@ -130,16 +146,9 @@ class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
   def testEvalRefusesNonFiniteWeightsInOneLine(self):
     train_dir = os.path.join(self.get_temp_dir(), "nan_weights")
     train_lib.train(_params(train_dir, max_steps=1))
-    values = lib.checkpoint_values(lib.latest_checkpoint(train_dir))
-    values["small_cnn/local3/weights"][0, 0] = np.nan
-    with tf.Graph().as_default():
-      saver = tf1.train.Saver(
-          {n: tf1.Variable(v, name=n.replace("/", "_"))
-           for n, v in values.items()})
-      with tf1.Session() as session:
-        session.run(tf1.global_variables_initializer())
-        saver.save(session, os.path.join(train_dir, "model.ckpt"),
-                   global_step=7)
+    _rewrite_checkpoint(lib.latest_checkpoint(train_dir),
+                        "small_cnn/local3/weights",
+                        os.path.join(train_dir, "model.ckpt-7"))
     with self.assertRaisesRegex(eval_lib.NonFiniteCheckpointError,
                                 "small_cnn/local3/weights"):
       eval_lib.evaluate(params_lib.EvalParams(train_dir=train_dir,
@@ -209,7 +218,7 @@ class BookkeepingTest(tf.test.TestCase):
     self.assertEqual(summary["steps_this_run"], 2)
 
   def testDamagedLatestCheckpointFallsBackWithOneWarning(self):
-    for damage in ("truncate", "zero"):
+    for damage in ("truncate", "zero", "nan"):
       with self.subTest(damage=damage):
         train_dir = self._run("damaged_" + damage)
         if damage == "truncate":
@@ -218,10 +227,13 @@ class BookkeepingTest(tf.test.TestCase):
           path = os.path.join(train_dir, data)
           with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 2)
-        else:
+        elif damage == "zero":
           path = os.path.join(train_dir, "model.ckpt-4.index")
           with open(path, "r+b") as f:
             f.write(b"\0" * os.path.getsize(path))
+        else:  # As a run before the finite-state check could leave it.
+          _rewrite_checkpoint(os.path.join(train_dir, "model.ckpt-4"),
+                              "small_cnn/local3/weights")
         with self.assertLogs(level="WARNING") as logs:
           summary = train_lib.train(_params(train_dir, max_steps=6))
         self.assertEqual(summary["global_step"], 6)

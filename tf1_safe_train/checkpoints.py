@@ -15,6 +15,7 @@ import os
 import re
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train import finite_state
@@ -30,20 +31,31 @@ class CheckpointError(ValueError):
   """A train_dir's checkpoints cannot be resumed; the message says why."""
 
 
-def damage(prefix):
+def damage(prefix, require_finite=False):
   """Why the checkpoint at `prefix` cannot be restored, or None if intact.
 
   Every tensor is read: a truncated or zeroed data file shows only then.
+
+  Args:
+    prefix: the checkpoint's path (`<dir>/model.ckpt-N`).
+    require_finite: a floating value holding NaN or Inf is damage too (a
+      checkpoint written before the trainer refused to save one).
   """
+  nonfinite = []
   try:
     reader = tf1.train.NewCheckpointReader(prefix)
-    for name in reader.get_variable_to_shape_map():
-      reader.get_tensor(name)
+    for name in sorted(reader.get_variable_to_shape_map()):
+      value = np.asarray(reader.get_tensor(name))
+      if (require_finite and np.issubdtype(value.dtype, np.floating) and
+          not np.isfinite(value).all()):
+        nonfinite.append(name)
   except Exception as e:  # pylint: disable=broad-except
     # Damage shows as OpErrors, but also IndexError ("Read less bytes than
     # requested") or ValueError from the reader's C++ wrapper.
     message = getattr(e, "message", None) or str(e)
     return "%s: %s" % (type(e).__name__, message.splitlines()[0][:200])
+  if nonfinite:
+    return "non-finite values in %s" % finite_state.describe_names(nonfinite)
   return None
 
 
@@ -109,23 +121,27 @@ def _candidates(listed, steps):
                   if steps[s] not in names]
 
 
-def prepare_resume(train_dir):
+def prepare_resume(train_dir, variables=None, params=None):
   """Points the state file at the checkpoint `train_dir` resumes from.
 
-  That is the state file's latest if intact, else the newest intact
-  checkpoint present (a warning line names what was wrong).
+  That is the state file's latest if intact (readable and finite), else the
+  newest intact checkpoint present (a warning line names what was wrong).
 
   Only checkpoints the state file listed (and the one resumed from) are
   listed again, so pruning never deletes checkpoints the run did not keep.
 
   Args:
     train_dir: the run's directory (this trainer holds its lock).
+    variables: optional variables the run restores, checked against the
+      checkpoint (`check_compatible`) with `params`.
+    params: the run's `params.TrainParams` (with `variables`).
 
   Returns:
     The path of the checkpoint the run will resume from, or None (fresh).
 
   Raises:
-    CheckpointError: checkpoints are present but none is intact.
+    CheckpointError: checkpoints are present but none is intact, or (with
+      `variables`) the checkpoint does not fit them.
   """
   steps = on_disk(train_dir)
   listed = _listed(train_dir)
@@ -140,7 +156,7 @@ def prepare_resume(train_dir):
     return None
   bad = []
   for name in _candidates(listed, steps):
-    reason = damage(os.path.join(train_dir, name))
+    reason = damage(os.path.join(train_dir, name), require_finite=True)
     if reason is None:
       break
     bad.append("%s (%s)" % (name, reason))
@@ -161,8 +177,11 @@ def prepare_resume(train_dir):
   step = int(name.rsplit("-", 1)[1])
   kept = [n for n in (listed or []) if n in steps.values() and n != name and
           int(n.rsplit("-", 1)[1]) < step]
+  path = os.path.join(train_dir, name)
+  if variables is not None:
+    check_compatible(path, variables, params)
   _write_state(train_dir, name, kept + [name])
-  return os.path.join(train_dir, name)
+  return path
 
 
 def latest(train_dir):

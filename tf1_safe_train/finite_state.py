@@ -15,6 +15,16 @@ import tensorflow as tf
 tf1 = tf.compat.v1
 
 
+def likely_cause(params):
+  """The settings of `params` that can make an applied step write Inf/NaN."""
+  return ("--learning_rate=%g too large for --model=%s with --optimizer=%s%s, "
+          "or an optimizer slot that overflowed (lower --learning_rate, or "
+          "set --clip_gradient_norm)" % (
+              params.learning_rate, params.model, params.optimizer,
+              "" if params.precision == "fp32" else
+              " at --precision=" + params.precision))
+
+
 def describe_names(names, max_names=5):
   """`names` joined, the first `max_names` shown, then "+N more"."""
   shown = ", ".join(names[:max_names])

@@ -350,24 +350,14 @@ def _add_summaries(graph):
   for v in tf1.trainable_variables():
     # Skipped steps never write NaN, but an applied step can (a learning rate
     # too large): the histogram must not fail the step that would report it.
-    # (|x| <= max is exactly "finite", and keeps IsFinite ops to the step.)
+    # (|x| <= max is exactly "finite"; IsFinite ops stay one per gradient.)
     values = tf.reshape(v, [-1])
     finite = tf.less_equal(tf.abs(values), v.dtype.base_dtype.max)
     tf1.summary.histogram("weights/" + v.op.name,
                           tf.boolean_mask(values, finite))
 
 
-TrainDirError = train_dir_lib.TrainDirError
-
-
-def _nonfinite_cause(params):
-  """The settings that can make an applied step write Inf/NaN, as text."""
-  return ("--learning_rate=%g too large for --model=%s with --optimizer=%s%s, "
-          "or an optimizer slot that overflowed (lower --learning_rate, or "
-          "set --clip_gradient_norm)" % (
-              params.learning_rate, params.model, params.optimizer,
-              "" if params.precision == "fp32" else
-              " at --precision=" + params.precision))
+TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
 
 def train(params, tower_config=None, master="", is_chief=True,
@@ -459,16 +449,15 @@ def train(params, tower_config=None, master="", is_chief=True,
     state_check = finite_state.FiniteStateCheck()
     state_hook = finite_state.NonFiniteStateHook(
         state_check, graph.step_index, graph.applied,
-        _nonfinite_cause(params))
+        finite_state.likely_cause(params))
     run_hooks += [state_hook] + list(extra_hooks)
     # Relative paths: a copied or moved train_dir stays self-contained.
     saver = tf1.train.Saver(max_to_keep=5, save_relative_paths=True)
     scaffold = tf1.train.Scaffold(saver=saver)
     if is_chief:
       owned.enter_context(train_dir_lib.lock(params.train_dir))
-      resume = checkpoints.prepare_resume(params.train_dir)
-      if resume:
-        checkpoints.check_compatible(resume, tf1.global_variables(), params)
+      checkpoints.prepare_resume(params.train_dir, tf1.global_variables(),
+                                 params)
     end_hook, saver_hook = None, None
     if cluster is None:
       saver_hook = checkpoints.SafeCheckpointSaverHook(
