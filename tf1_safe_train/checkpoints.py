@@ -256,46 +256,38 @@ def check_compatible(checkpoint, variables, params):
       "new --train_dir)" % (checkpoint, name, what, hint))
 
 
-class SafeCheckpointSaverHook(tf1.train.CheckpointSaverHook):
-  """`CheckpointSaverHook` that refuses to save a non-finite state.
+class FiniteSaver(tf1.train.Saver):
+  """A `Saver` that refuses to save a non-finite state.
 
-  Same cadence, names and pruning as MonitoredTrainingSession's own hook
-  (listeners cannot cancel a save, hence a hook of ours). A refused save
-  stops the run; `refused` then holds the one-line reason, and the last
-  checkpoint is still the last good state.
+  Every checkpoint hook saves through the scaffold's saver (on one machine
+  MonitoredTrainingSession's, in a cluster the chief's), and a
+  `CheckpointSaverListener` cannot cancel a save: so the check sits here.
+  A refused save writes nothing, returns None and calls `on_refuse(step,
+  names)` (e.g. `finite_state.NonFiniteStateHook.refuse_save`, which stops
+  the run); the last checkpoint is still the last good state.
   """
 
-  def __init__(self, checkpoint_dir, check, save_steps, scaffold,
-               describe=None):
-    """Creates the hook.
+  def __init__(self, check, on_refuse, **kwargs):
+    """Creates the saver.
 
     Args:
-      checkpoint_dir: where checkpoints go (`model.ckpt-N`).
       check: a `finite_state.FiniteStateCheck`.
-      save_steps: save every this many steps (and at the end).
-      scaffold: the session's `Scaffold` (its saver).
-      describe: optional `describe(step, names)` returning the one-line
-        report of a non-finite state (`NonFiniteStateHook.describe`).
+      on_refuse: `on_refuse(step, names)`, called for each refused save.
+      **kwargs: `tf1.train.Saver` arguments.
     """
-    super().__init__(checkpoint_dir, save_steps=save_steps, scaffold=scaffold,
-                     checkpoint_basename=BASENAME)
+    super().__init__(**kwargs)
     self._check = check
-    self._describe = describe
-    self.refused = None
+    self._on_refuse = on_refuse
 
-  def after_create_session(self, session, coord):
-    super().after_create_session(session, coord)
-    if self.refused:
-      coord.request_stop()
-
-  def _save(self, session, step):
-    bad = self._check.nonfinite(session)
+  def save(self, sess, save_path, global_step=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
+    bad = self._check.nonfinite(sess)
     if bad:
-      if self.refused is None:  # The first refusal explains; others repeat.
-        self.refused = (self._describe(step, bad) if self._describe else
-                        "non-finite model state at step %d: %s" %
-                        (step, finite_state.describe_names(bad)))
-      logging.error("not saving the checkpoint of step %d: non-finite "
-                    "values in %s", step, finite_state.describe_names(bad))
-      return True
-    return super()._save(session, step)
+      step = global_step
+      if isinstance(global_step, (tf.Tensor, tf.Variable)):
+        step = sess.run(global_step)
+      step = None if step is None else int(step)
+      logging.error("not saving the checkpoint of step %s: non-finite values "
+                    "in %s", step, finite_state.describe_names(bad))
+      self._on_refuse(step, bad)
+      return None
+    return super().save(sess, save_path, global_step, *args, **kwargs)

@@ -6,7 +6,7 @@ finite, so the guard had nothing to skip. `FiniteStateCheck` reads one
 is-finite flag per floating global variable in one `session.run`. Good steps
 never pay for it: `NonFiniteStateHook` runs it only on the first skip after an
 applied step (a non-finite state makes the next gradients non-finite, so it
-shows as a skip), and `checkpoints.SafeCheckpointSaverHook` before each save.
+shows as a skip), and `checkpoints.FiniteSaver` before each save.
 """
 
 from absl import logging
@@ -70,8 +70,10 @@ class NonFiniteStateHook(tf1.train.SessionRunHook):
   It checks the state on the first skip of each streak (and on a first step
   skipped after a restore): a streak of skips that a poisoned batch explains
   costs one check; one that a poisoned model explains stops at once, rather
-  than after `--max_consecutive_skips` useless steps. `report` holds the
-  one-line explanation after such a stop (None otherwise).
+  than after `--max_consecutive_skips` useless steps. A save refused for a
+  non-finite state (`refuse_save`, called by `checkpoints.FiniteSaver`, whose
+  hook runs before this one) stops the run after the same step. `report`
+  holds the one-line explanation (None if the state stayed finite).
   """
 
   def __init__(self, check, step_index, applied, cause):
@@ -89,7 +91,19 @@ class NonFiniteStateHook(tf1.train.SessionRunHook):
     self._cause = cause
     self._last_applied = None  # Step index of the last applied step seen.
     self._previous_applied = True  # A first skip after a restore checks too.
-    self.report = None
+    self._refused = None  # (step, names) of the first refused save.
+    self._report = None
+
+  @property
+  def report(self):
+    if self._report is None and self._refused is not None:
+      self._report = self.describe(*self._refused)  # Refused at the end.
+    return self._report
+
+  def refuse_save(self, step, bad):
+    """Records a save refused at `step` for non-finite variables `bad`."""
+    if self._refused is None:  # The first finding explains; others repeat.
+      self._refused = (step, bad)
 
   def before_run(self, run_context):
     return tf1.train.SessionRunArgs(self._fetches)
@@ -100,14 +114,17 @@ class NonFiniteStateHook(tf1.train.SessionRunHook):
     previous, self._previous_applied = self._previous_applied, applied
     if applied:
       self._last_applied = int(results["step"])
-      return
-    if not previous:
-      return
-    bad = self._check.nonfinite(run_context.session)
+    bad = None
+    if self._refused is not None:
+      bad = self._refused[1]
+    elif not applied and previous:
+      bad = self._check.nonfinite(run_context.session)
     if not bad:
       return
-    self.report = self.describe(int(results["step"]), bad)
-    logging.error("%s", self.report)
+    if self._report is None:
+      self._report = (self.describe(*self._refused) if self._refused else
+                      self.describe(int(results["step"]), bad))
+      logging.error("%s", self._report)
     run_context.request_stop()
 
   def describe(self, step, bad):

@@ -452,24 +452,19 @@ def train(params, tower_config=None, master="", is_chief=True,
         finite_state.likely_cause(params))
     run_hooks += [state_hook] + list(extra_hooks)
     # Relative paths: a copied or moved train_dir stays self-contained.
-    saver = tf1.train.Saver(max_to_keep=5, save_relative_paths=True)
+    saver = checkpoints.FiniteSaver(state_check, state_hook.refuse_save,
+                                    max_to_keep=5, save_relative_paths=True)
     scaffold = tf1.train.Scaffold(saver=saver)
     if is_chief:
       owned.enter_context(train_dir_lib.lock(params.train_dir))
       checkpoints.prepare_resume(params.train_dir, tf1.global_variables(),
                                  params)
-    end_hook, saver_hook = None, None
+    end_hook = None
     if cluster is None:
-      saver_hook = checkpoints.SafeCheckpointSaverHook(
-          params.train_dir, state_check, params.save_checkpoints_steps,
-          scaffold, describe=state_hook.describe)
       make_session = lambda: tf1.train.MonitoredTrainingSession(
           master=master, is_chief=is_chief, checkpoint_dir=params.train_dir,
-          # Ours (saver_hook) refuses to save a non-finite state; after
-          # state_hook, which knows the last applied step.
-          scaffold=scaffold, hooks=run_hooks + ([saver_hook] if is_chief
-                                                else []),
-          save_checkpoint_steps=None, save_checkpoint_secs=None,
+          scaffold=scaffold, hooks=run_hooks,
+          save_checkpoint_steps=params.save_checkpoints_steps,
           save_summaries_steps=params.save_summaries_steps,
           log_step_count_steps=None,
           config=towers.session_config(tower_config))
@@ -495,8 +490,7 @@ def train(params, tower_config=None, master="", is_chief=True,
     finally:
       on_signal.uninstall()
     end = time.time()
-    nonfinite = state_hook.report or (saver_hook and saver_hook.refused)
-    summary = _summary(params, stats, give_up, on_signal, nonfinite,
+    summary = _summary(params, stats, give_up, on_signal, state_hook.report,
                        first_step_time, start, end, examples_per_step,
                        end_hook, cluster, sync)
     if is_chief:  # Under the lock, as every write of the run.
