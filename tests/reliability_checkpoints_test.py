@@ -30,6 +30,7 @@ import binaries
 import reliability_lib as lib
 from tf1_safe_train import checkpoints
 from tf1_safe_train import eval_lib
+from tf1_safe_train import finite_state
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import run_summary
 from tf1_safe_train import train_dir as train_dir_lib
@@ -172,6 +173,29 @@ class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertEqual(summary["nonfinite_values"],
                      {"final_loss": "nan", "loss_scale": "inf"})
     self.assertEqual(summary["global_step"], 3)
+
+
+class FiniteSaverTest(tf.test.TestCase):
+
+  def testRefusesToSaveANonFiniteState(self):
+    # Every checkpoint hook (MonitoredTrainingSession's, a cluster chief's)
+    # saves through the scaffold's saver: the check there covers them all.
+    prefix = os.path.join(self.get_temp_dir(), "saver", "model.ckpt")
+    refused = []
+    with tf.Graph().as_default():
+      v = tf1.Variable([1.0, 2.0], name="v")
+      global_step = tf1.train.get_or_create_global_step()
+      saver = checkpoints.FiniteSaver(
+          finite_state.FiniteStateCheck(),
+          lambda step, names: refused.append((step, names)))
+      poison = v.assign([1.0, np.inf])
+      with tf1.Session() as session:
+        session.run(tf1.global_variables_initializer())
+        self.assertIsNotNone(saver.save(session, prefix, global_step=3))
+        session.run(poison)
+        self.assertIsNone(saver.save(session, prefix, global_step=global_step))
+    self.assertEqual(refused, [(0, ["v"])])
+    self.assertEqual(list(checkpoints.on_disk(os.path.dirname(prefix))), [3])
 
 
 class BookkeepingTest(tf.test.TestCase):
