@@ -3,11 +3,12 @@
 A train_dir is self-contained: its `checkpoint` state file names checkpoints
 by basename, resolved against the train_dir itself (a copied or moved run
 never restores from, nor prunes, the directory it came from). Before a run
-resumes, `prepare_resume` picks the newest *intact* `model.ckpt-N` present (a
-truncated or zeroed one, a missing state file, a state file pointing
-elsewhere each cost one warning line, never the run), and `check_compatible`
-names the variable a different model or flag would fail on.
-`SafeCheckpointSaverHook` never writes a checkpoint holding a non-finite value.
+resumes, `prepare_resume` picks the state file's latest checkpoint if it is
+intact, else the newest intact `model.ckpt-N` present (a truncated, zeroed
+or non-finite one, a missing state file, a state file pointing elsewhere
+each cost one warning line, never the run), and `check_compatible` names the
+variable a different model or flag would fail on. `FiniteSaver` never writes
+a checkpoint holding a non-finite value.
 """
 
 import json
@@ -279,7 +280,7 @@ class FiniteSaver(tf1.train.Saver):
     self._check = check
     self._on_refuse = on_refuse
 
-  def save(self, sess, save_path, global_step=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
+  def save(self, sess, save_path, global_step=None, **kwargs):
     bad = self._check.nonfinite(sess)
     if bad:
       step = global_step
@@ -290,4 +291,4 @@ class FiniteSaver(tf1.train.Saver):
                     "in %s", step, finite_state.describe_names(bad))
       self._on_refuse(step, bad)
       return None
-    return super().save(sess, save_path, global_step, *args, **kwargs)
+    return super().save(sess, save_path, global_step=global_step, **kwargs)

@@ -3,10 +3,11 @@
 `check` accepts a new or empty directory (log files aside), or one holding a
 run of ours (checkpoints, events, run_summary.json, our lock file), and
 refuses any other non-empty directory (`--train_dir=/`, a home directory, a
-data folder) before anything is written into it. `lock` holds an exclusive `fcntl.flock` on
-`<train_dir>/train.lock` for the process's life: a second trainer on the same
-directory refuses and names the first (pid, host); the kernel releases the
-lock when the holder dies, even by SIGKILL, so a crash never leaves it stuck.
+data folder) before anything is written into it. `lock` holds an exclusive
+`fcntl.flock` on `<train_dir>/train.lock` for the process's life: a second
+trainer on the same directory refuses and names the first (pid, host); the
+kernel releases the lock when the holder dies, even by SIGKILL, so a crash
+never leaves it stuck.
 """
 
 import contextlib
