@@ -2,13 +2,17 @@
 
 Weights come from the exponential moving average when the checkpoint holds one
 (`--moving_average_decay` > 0 at training time), as in the classic TF1
-cifar10_eval.
+cifar10_eval. A checkpoint the trainer prunes between its choice and its
+restore is replaced by the newest; one holding a non-finite value is refused.
 """
 
 import os
 
+from absl import logging
+import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train import checkpoints
 from tf1_safe_train import data
 from tf1_safe_train import models
 
@@ -17,8 +21,15 @@ tf1 = tf.compat.v1
 _EMA_SUFFIX = "/ExponentialMovingAverage"
 
 
+_ATTEMPTS = 3
+
+
 class NoCheckpointError(ValueError):
   """The train directory holds no checkpoint."""
+
+
+class NonFiniteCheckpointError(ValueError):
+  """The checkpoint's weights hold a NaN or an Inf; the message names them."""
 
 
 def _restore_map(checkpoint, variables):
@@ -49,10 +60,47 @@ def evaluate(params):
     NoCheckpointError: if `train_dir` has no checkpoint.
   """
   params.validate()
-  checkpoint = tf1.train.latest_checkpoint(params.train_dir)
-  if checkpoint is None:
-    raise NoCheckpointError("no checkpoint in --train_dir=%s" %
-                            params.train_dir)
+  for attempt in range(_ATTEMPTS):
+    checkpoint = checkpoints.latest(params.train_dir)
+    if checkpoint is None:
+      raise NoCheckpointError("no checkpoint in --train_dir=%s" %
+                              params.train_dir)
+    try:
+      result = _evaluate(params, checkpoint)
+      break
+    except (tf.errors.OpError, ValueError) as e:
+      # A running trainer prunes old checkpoints: the one chosen may be gone
+      # (or half-deleted) by the time it is read. Anything else is an error.
+      if (isinstance(e, NonFiniteCheckpointError) or
+          attempt + 1 == _ATTEMPTS or checkpoints.damage(checkpoint) is None):
+        raise
+      logging.warning("%s went away before it was restored (pruned by the "
+                      "trainer?): evaluating the newest checkpoint instead",
+                      checkpoint)
+  _write_summary(os.path.join(params.train_dir, "eval"), result)
+  return result
+
+
+def _check_finite(checkpoint, mapping):
+  """Raises NonFiniteCheckpointError if a restored value is not finite."""
+  reader = tf1.train.NewCheckpointReader(checkpoint)
+  bad = []
+  for name in sorted(mapping):
+    value = reader.get_tensor(name)
+    if (np.issubdtype(np.asarray(value).dtype, np.floating) and
+        not np.isfinite(value).all()):
+      bad.append(name)
+  if bad:
+    raise NonFiniteCheckpointError(
+        "%s holds non-finite values in %s: its weights are unusable (a run "
+        "before the finite-state check wrote it); evaluate a run whose "
+        "checkpoints are finite" % (
+            checkpoint, ", ".join(bad[:5]) +
+            (" (+%d more)" % (len(bad) - 5) if len(bad) > 5 else "")))
+
+
+def _evaluate(params, checkpoint):
+  """Evaluates `checkpoint`; returns the result dict of `evaluate`."""
   with tf.Graph().as_default():
     dataset = data.get_dataset(params.dataset, "test", params.batch_size,
                                data_dir=params.data_dir)
@@ -65,6 +113,7 @@ def evaluate(params):
     correct = tf.reduce_sum(tf.cast(tf.nn.in_top_k(
         predictions=logits, targets=labels, k=1), tf.int64))
     mapping, used_ema = _restore_map(checkpoint, tf1.global_variables())
+    _check_finite(checkpoint, mapping)
     saver = tf1.train.Saver(var_list=mapping)
     total_correct, total_loss, total = 0, 0.0, 0
     with tf1.Session() as session:
@@ -79,7 +128,7 @@ def evaluate(params):
         total += params.batch_size
   global_step = int(tf1.train.load_checkpoint(checkpoint).get_tensor(
       "global_step"))
-  result = {
+  return {
       "precision_at_1": total_correct / float(max(total, 1)),
       "loss": total_loss / float(max(total, 1)),
       "num_examples": total,
@@ -87,8 +136,6 @@ def evaluate(params):
       "checkpoint": checkpoint,
       "used_ema": used_ema,
   }
-  _write_summary(os.path.join(params.train_dir, "eval"), result)
-  return result
 
 
 def _write_summary(eval_dir, result):

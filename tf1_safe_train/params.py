@@ -7,6 +7,7 @@ value.
 """
 
 import dataclasses
+import math
 
 MODELS = ("small_cnn", "resnet20")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -25,6 +26,21 @@ class ParamsError(ValueError):
 def _check(condition, message, *args):
   if not condition:
     raise ParamsError(message % args)
+
+
+def _check_finite_floats(params):
+  """Every float field must be a finite number (NaN and +-Inf pass `> 0`).
+
+  An infinite learning rate, say, makes the first applied step write Inf and
+  NaN into the weights: the guard cannot skip that step (its gradients are
+  finite), so such values are refused here, before anything runs.
+  """
+  for field in dataclasses.fields(params):
+    value = getattr(params, field.name)
+    if field.type in (float, "float") and isinstance(value, (int, float)) and (
+        not isinstance(value, bool)):
+      _check(math.isfinite(value), "--%s=%r: must be a finite number",
+             field.name, value)
 
 
 def _check_one_of(name, value, choices):
@@ -77,6 +93,7 @@ class TrainParams(object):
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
     _check_model_and_data(self, "data_batch_*.bin")
+    _check_finite_floats(self)
     _check(_is_int(self.num_towers) and self.num_towers >= 1,
            "--num_towers=%r: must be an integer >= 1", self.num_towers)
     _check_one_of("device", self.device, DEVICES)

@@ -1,13 +1,17 @@
 """run_summary.json: what a training run did, written at its end.
 
-See the README ("The trainer") for the fields.
+See the README ("The trainer") for the fields. The file is strict JSON: a
+non-finite number (a NaN final loss) is written as null and named, with its
+value, in "nonfinite_values".
 """
 
 import json
+import math
 import os
 
 import tensorflow as tf
 
+from tf1_safe_train import checkpoints
 from tf1_safe_train import counters as counters_lib
 
 tf1 = tf.compat.v1
@@ -22,11 +26,37 @@ def write(train_dir, summary):
     The file's path.
   """
   path = os.path.join(train_dir, RUN_SUMMARY)
+  summary = to_json(summary)
   with open(path + ".tmp", "w") as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
+    json.dump(summary, f, indent=2, sort_keys=True, allow_nan=False)
     f.write("\n")
   os.replace(path + ".tmp", path)
   return path
+
+
+def to_json(summary):
+  """`summary` with non-finite floats as None, noted in "nonfinite_values".
+
+  Python's json would write NaN/Infinity, which JSON parsers reject.
+  """
+  notes = {}
+
+  def clean(value, key):
+    if isinstance(value, float) and not math.isfinite(value):
+      notes[key] = repr(value)  # 'nan', 'inf' or '-inf'.
+      return None
+    if isinstance(value, dict):
+      return {k: clean(v, "%s.%s" % (key, k) if key else k)
+              for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+      return [clean(v, "%s[%d]" % (key, i)) for i, v in enumerate(value)]
+    return value
+
+  result = clean(summary, "")
+  if notes:
+    result["nonfinite_values"] = dict(result.get("nonfinite_values") or {},
+                                      **notes)
+  return result
 
 
 def build(params, latest, steps_run, first_step_time, start, end,
@@ -83,7 +113,7 @@ def _restored(params, exit_reason, wall_seconds):
   summary = {"exit_reason": exit_reason, "steps_this_run": 0,
              "wall_seconds": round(wall_seconds, 3),
              "params": params.to_dict()}
-  checkpoint = tf1.train.latest_checkpoint(params.train_dir)
+  checkpoint = checkpoints.latest(params.train_dir)
   if checkpoint is None:
     return dict(summary, global_step=None)
   reader = tf1.train.load_checkpoint(checkpoint)

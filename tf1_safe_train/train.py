@@ -206,6 +206,7 @@ def _run(cluster):
   logging.set_verbosity(logging.INFO)
   tf = cli.import_tensorflow()
   # pylint: disable=g-import-not-at-top
+  from tf1_safe_train import checkpoints
   from tf1_safe_train import injection
   from tf1_safe_train import replicas
   from tf1_safe_train import run_summary
@@ -232,7 +233,8 @@ def _run(cluster):
             params.batch_size, params.num_towers)))
     summary = train_lib.train(params, cluster=cluster)
   except (params_lib.ParamsError, cifar10.DataError,
-          injection.InjectionSpecError, train_lib.TrainDirError) as e:
+          injection.InjectionSpecError, train_lib.TrainDirError,
+          checkpoints.CheckpointError) as e:
     cli.fail(_PROGRAM, e)
   except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
     cli.fail(_PROGRAM, e, 1)
@@ -250,6 +252,8 @@ def _run(cluster):
   if cluster is None or cluster.is_chief:
     logging.info("run summary: %s", os.path.join(params.train_dir,
                                                  run_summary.RUN_SUMMARY))
+  if summary["exit_reason"] == "nonfinite_state":
+    cli.fail(_PROGRAM, summary["nonfinite_state"], 1)
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
              "%d (--max_consecutive_skips=%d); the last checkpoint in %s "

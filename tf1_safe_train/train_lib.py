@@ -11,15 +11,16 @@ the aggregate) and `serve_parameter_server` one ps task.
 
 import collections
 import contextlib
-import os
 import time
 
 from absl import logging
 import tensorflow as tf
 
+from tf1_safe_train import checkpoints
 from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import data
+from tf1_safe_train import finite_state
 from tf1_safe_train import guard
 from tf1_safe_train import hooks as hooks_lib
 from tf1_safe_train import injection
@@ -33,6 +34,7 @@ from tf1_safe_train import rollback
 from tf1_safe_train import run_summary
 from tf1_safe_train import stop_signals
 from tf1_safe_train import towers
+from tf1_safe_train import train_dir as train_dir_lib
 
 tf1 = tf.compat.v1
 
@@ -348,25 +350,16 @@ def _add_summaries(graph):
         tags="loss_scale", values=tf.convert_to_tensor(graph.loss_scale.scale),
         name="loss_scale_summary"))
   for v in tf1.trainable_variables():
-    # Weights cannot hold NaN: skipped steps never write them.
-    tf1.summary.histogram("weights/" + v.op.name, v)
+    # Skipped steps never write NaN, but an applied step can (a learning rate
+    # too large): the histogram must not fail the step that would report it.
+    # (|x| <= max is exactly "finite"; IsFinite ops stay one per gradient.)
+    values = tf.reshape(v, [-1])
+    finite = tf.less_equal(tf.abs(values), v.dtype.base_dtype.max)
+    tf1.summary.histogram("weights/" + v.op.name,
+                          tf.boolean_mask(values, finite))
 
 
-class TrainDirError(ValueError):
-  """The train directory cannot be used; the message says why in one line."""
-
-
-def check_train_dir(train_dir):
-  """Creates `train_dir` if needed; raises TrainDirError if not writable."""
-  try:
-    os.makedirs(train_dir, exist_ok=True)
-    probe = os.path.join(train_dir, ".write_test")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    raise TrainDirError("--train_dir=%s is not writable: %s" %
-                     (train_dir, e.strerror or e)) from None
+TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
 
 def train(params, tower_config=None, master="", is_chief=True,
@@ -407,7 +400,7 @@ def train(params, tower_config=None, master="", is_chief=True,
   elif tower_config is None:
     tower_config = towers.TowerConfig(params.num_towers, params.device)
   if is_chief:
-    check_train_dir(params.train_dir)
+    train_dir_lib.check(params.train_dir)
   if cluster is not None:
     cluster_lib.wait_for_ps(cluster, params.startup_timeout_secs)
     server = replicas.start_server(cluster, params)
@@ -416,7 +409,7 @@ def train(params, tower_config=None, master="", is_chief=True,
                  cluster.cluster, cluster.address,
                  "synchronous replicas" if sync else "asynchronous replicas")
   start = time.time()
-  with tf.Graph().as_default():
+  with tf.Graph().as_default(), contextlib.ExitStack() as owned:
     tf1.set_random_seed(params.seed)
     with (tf1.device(replicas.worker_device(cluster)) if cluster is not None
           else contextlib.nullcontext()):
@@ -462,8 +455,19 @@ def train(params, tower_config=None, master="", is_chief=True,
     if graph.sync_optimizer is not None:
       run_hooks.append(
           replicas.SyncReplicasHook(graph.sync_optimizer, is_chief))
-    run_hooks += list(extra_hooks)
-    scaffold = tf1.train.Scaffold(saver=tf1.train.Saver(max_to_keep=5))
+    state_check = finite_state.FiniteStateCheck()
+    state_hook = finite_state.NonFiniteStateHook(
+        state_check, graph.step_index, graph.applied,
+        finite_state.likely_cause(params))
+    run_hooks += [state_hook] + list(extra_hooks)
+    # Relative paths: a copied or moved train_dir stays self-contained.
+    saver = checkpoints.FiniteSaver(state_check, state_hook.refuse_save,
+                                    max_to_keep=5, save_relative_paths=True)
+    scaffold = tf1.train.Scaffold(saver=saver)
+    if is_chief:
+      owned.enter_context(train_dir_lib.lock(params.train_dir))
+      checkpoints.prepare_resume(params.train_dir, tf1.global_variables(),
+                                 params)
     end_hook = None
     if cluster is None:
       make_session = lambda: tf1.train.MonitoredTrainingSession(
@@ -495,8 +499,21 @@ def train(params, tower_config=None, master="", is_chief=True,
                      params.startup_timeout_secs)
     finally:
       on_signal.uninstall()
-  end = time.time()
-  if give_up.gave_up:
+    end = time.time()
+    summary = _summary(params, stats, give_up, on_signal, state_hook.report,
+                       first_step_time, start, end, examples_per_step,
+                       end_hook, cluster, sync)
+    if is_chief:  # Under the lock, as every write of the run.
+      run_summary.write(params.train_dir, summary)
+  return summary
+
+
+def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
+             start, end, examples_per_step, end_hook, cluster, sync):
+  """The run summary dict of `train`."""
+  if nonfinite:
+    exit_reason = "nonfinite_state"
+  elif give_up.gave_up:
     exit_reason = "too_many_consecutive_skips"
   elif on_signal.interrupted:
     exit_reason = "interrupted"
@@ -506,11 +523,11 @@ def train(params, tower_config=None, master="", is_chief=True,
                               first_step_time, start, end, examples_per_step,
                               exit_reason,
                               final=end_hook.final if end_hook else None)
+  if nonfinite:
+    summary["nonfinite_state"] = nonfinite
   if cluster is not None:
     summary["cluster"] = {"num_ps": cluster.num_ps,
                           "num_workers": cluster.num_workers,
                           "task": cluster.task_name,
                           "sync_replicas": sync}
-  if is_chief:
-    run_summary.write(params.train_dir, summary)
   return summary

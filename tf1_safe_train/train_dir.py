@@ -1,0 +1,107 @@
+"""The train_dir a trainer owns: a run's directory, one trainer at a time.
+
+`check` accepts a new or empty directory (log files aside), or one holding a
+run of ours (checkpoints, events, run_summary.json, our lock file), and
+refuses any other non-empty directory (`--train_dir=/`, a home directory, a
+data folder) before anything is written into it. `lock` holds an exclusive
+`fcntl.flock` on `<train_dir>/train.lock` for the process's life: a second
+trainer on the same directory refuses and names the first (pid, host); the
+kernel releases the lock when the holder dies, even by SIGKILL, so a crash
+never leaves it stuck.
+"""
+
+import contextlib
+import fcntl
+import os
+import re
+import socket
+
+LOCK_FILE = "train.lock"
+# What a run of ours leaves in its train_dir (see train_lib, eval_lib).
+_OURS = re.compile(r"^(checkpoint|checkpoint\.tmp|graph\.pbtxt|eval|"
+                   r"run_summary\.json(\.tmp)?|%s|\.write_test|"
+                   r"model\.ckpt-\d+\..*|events\.out\.tfevents\..*)$" %
+                   re.escape(LOCK_FILE))
+
+
+class TrainDirError(ValueError):
+  """The train directory cannot be used; the message says why in one line."""
+
+
+def check(train_dir):
+  """Creates `train_dir` if needed; raises TrainDirError if it is not ours.
+
+  Args:
+    train_dir: the --train_dir.
+
+  Raises:
+    TrainDirError: if it is not writable, or is a non-empty directory that
+      holds no run of ours.
+  """
+  try:
+    names = os.listdir(train_dir)
+  except FileNotFoundError:
+    names = []
+  except NotADirectoryError:
+    names = None  # makedirs below names the problem.
+  except OSError as e:
+    raise TrainDirError("--train_dir=%s cannot be read: %s" %
+                        (train_dir, e.strerror or e)) from None
+  # Log files are allowed in a new run's directory (`train ... > dir/x.log`
+  # creates one before the trainer starts).
+  if names:
+    names = [n for n in names if not n.endswith(".log")]
+  if names and not any(_OURS.match(n) for n in names):
+    raise TrainDirError(
+        "--train_dir=%s is not empty and holds no training run (no "
+        "checkpoint, events or run_summary.json; %d other entries, e.g. %s): "
+        "use a new or empty directory" % (train_dir, len(names),
+                                          sorted(names)[0]))
+  try:
+    os.makedirs(train_dir, exist_ok=True)
+    probe = os.path.join(train_dir, ".write_test")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise TrainDirError("--train_dir=%s is not writable: %s" %
+                        (train_dir, e.strerror or e)) from None
+
+
+def _holder(path):
+  try:
+    with open(path) as f:
+      return f.read().strip() or "unknown"
+  except OSError:
+    return "unknown"
+
+
+@contextlib.contextmanager
+def lock(train_dir):
+  """Holds `train_dir`'s lock for the `with` block.
+
+  Args:
+    train_dir: an existing, writable directory (see `check`).
+
+  Yields:
+    None.
+
+  Raises:
+    TrainDirError: if another process holds the lock.
+  """
+  path = os.path.join(train_dir, LOCK_FILE)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise TrainDirError(
+          "--train_dir=%s is in use by another trainer (%s); wait for it to "
+          "end, stop it, or use another --train_dir" %
+          (train_dir, _holder(path))) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, ("pid %d on host %s\n" % (os.getpid(),
+                                           socket.gethostname())).encode())
+    yield
+  finally:
+    os.close(fd)  # Releases the lock.
