@@ -12,6 +12,7 @@ import tensorflow as tf
 import optimizer_test_util as test_util
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import fetch_gate
+from tf1_safe_train import finite_state
 from tf1_safe_train import hooks
 from tf1_safe_train import optimizer as optimizer_lib
 from tf1_safe_train import stop_signals
@@ -38,6 +39,9 @@ def _every_hook(opt, global_step, loss):
       "signal": stop_signals.StopOnSignalHook(),
       "stop_at_step": hooks.StopAtStepHook(100),
       "report": opt.report_hook(),
+      "finite_state": finite_state.NonFiniteStateHook(
+          finite_state.FiniteStateCheck(), step_index, result.applied,
+          "a test"),
   }
 
 

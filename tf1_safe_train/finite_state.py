@@ -12,6 +12,8 @@ shows as a skip), and `checkpoints.FiniteSaver` before each save.
 from absl import logging
 import tensorflow as tf
 
+from tf1_safe_train import hooks
+
 tf1 = tf.compat.v1
 
 
@@ -52,7 +54,7 @@ class FiniteStateCheck(object):
     flags = []
     with tf1.name_scope("finite_state"):
       for v in self._variables:
-        with tf1.colocate_with(v):  # One bool crosses the network, not v.
+        with v.graph.colocate_with(v):  # One bool crosses the network, not v.
           flags.append(tf.reduce_all(tf.math.is_finite(v.read_value())))
       self._flags = tf.stack(flags) if flags else None
 
@@ -64,7 +66,7 @@ class FiniteStateCheck(object):
     return [n for n, ok in zip(self.names, finite) if not ok]
 
 
-class NonFiniteStateHook(tf1.train.SessionRunHook):
+class NonFiniteStateHook(hooks.GatedHook):
   """Stops the run when a skip follows a step that wrote a non-finite state.
 
   It checks the state on the first skip of each streak (and on a first step
@@ -105,10 +107,9 @@ class NonFiniteStateHook(tf1.train.SessionRunHook):
     if self._refused is None:  # The first finding explains; others repeat.
       self._refused = (step, bad)
 
-  def before_run(self, run_context):
-    return tf1.train.SessionRunArgs(self._fetches)
-
   def after_run(self, run_context, run_values):
+    if not self._fetched:  # A run that did not run the step (GatedHook).
+      return
     results = run_values.results
     applied = bool(results["applied"])
     previous, self._previous_applied = self._previous_applied, applied
