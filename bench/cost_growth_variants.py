@@ -164,8 +164,9 @@ def _build_trainer(workload, config, images, labels):
       weight_decay=0.0).validate()
   # The trainer builds registered models only; the dense stack goes in
   # through the lookup it calls (the variable count is checked after).
+  fn = model_fn(workload)
   with mock.patch.object(train_lib.models, "get_model",
-                         lambda unused_name: model_fn(workload)):
+                         lambda unused_name: fn):
     graph = train_lib.build_train_graph(
         params, config,
         dataset_fn=lambda unused_batch, unused_seed: _dataset(images, labels))
