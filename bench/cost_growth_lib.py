@@ -118,10 +118,16 @@ def _cell_name(workload, num_towers):
 
 
 def _count_nodes(built):
-  """Executed nodes per step, traced twice: (count, True if both agree)."""
-  counts = [executed_ops.executed_nodes(built.session, built.train_op)
+  """Executed nodes of a step, traced twice.
+
+  Returns:
+    (count, True if both traces agree, `collections.Counter` by op type).
+  """
+  traces = [executed_ops.trace_run(built.session, built.train_op)
             for _ in range(2)]
-  return counts[0], counts[0] == counts[1]
+  counts = [sum(executed_ops.executed_by_device(t).values()) for t in traces]
+  return (counts[0], counts[0] == counts[1],
+          executed_ops.executed_op_types(traces[0]))
 
 
 def _steps_per_block(step, min_seconds):
@@ -150,7 +156,8 @@ def measure_cell(config, workload, num_towers, max_seconds, log_fn=print):
     `build_seconds` and `variants`: name -> `timing.summarize` summary plus
     `label`, `executed_nodes` (per step), `executed_nodes_stable` (two
     traced steps agreed), `extra_executed_nodes` (minus plain's),
-    `extra_executed_nodes_per_variable` and `all_steps_applied`.
+    `extra_executed_nodes_per_variable`, `extra_executed_by_op_type`
+    (op type -> executed nodes more than plain's) and `all_steps_applied`.
   """
   name = _cell_name(workload, num_towers)
   start = time.time()
@@ -180,9 +187,11 @@ def measure_cell(config, workload, num_towers, max_seconds, log_fn=print):
     for b in built.values():
       b.session.close()
   num_variables = built[BASELINE].variables
-  base_nodes = counts[BASELINE][0]
+  base_nodes, _, base_types = counts[BASELINE]
   for variant, s in summary.items():
-    nodes, stable = counts[variant]
+    nodes, stable, types = counts[variant]
+    by_type = types.copy()
+    by_type.subtract(base_types)
     s.update({
         "label": variants_lib.LABELS[variant],
         "executed_nodes": nodes,
@@ -190,6 +199,9 @@ def measure_cell(config, workload, num_towers, max_seconds, log_fn=print):
         "extra_executed_nodes": nodes - base_nodes,
         "extra_executed_nodes_per_variable": (nodes - base_nodes) /
                                              num_variables,
+        # Where the extra nodes come from (negative: fewer than plain).
+        "extra_executed_by_op_type": dict(sorted(
+            ((t, n) for t, n in by_type.items() if n), key=lambda x: -x[1])),
         "all_steps_applied": applied[variant],
     })
   log_fn("%s: done in %.0fs" % (name, time.time() - start))

@@ -11,11 +11,14 @@ rewrote (folded constants, fused chains of element-wise ops).
 """
 
 import collections
+import re
 
 import tensorflow as tf
 
 tf1 = tf.compat.v1
 
+# A traced node's label: "<node name> = <op type>(<inputs>)".
+_LABEL_OP_TYPE = re.compile(r" = (\w+)\(")
 # GPU step stats list each kernel again under per-stream and memcpy
 # pseudo-devices; only the executor's own device entries count.
 _PSEUDO_DEVICE_MARKERS = ("/stream:", "/memcpy")
@@ -51,6 +54,24 @@ def executed_node_names(run_metadata):
                 if not any(m in device_stats.device
                            for m in _PSEUDO_DEVICE_MARKERS)
                 for node in device_stats.node_stats)
+
+
+def executed_op_types(run_metadata):
+  """Executed nodes of a traced run per op type: a `collections.Counter`.
+
+  Where a step's extra nodes come from: e.g. a `tf.cond` adds a `Switch`
+  per tensor its branches capture, and a finiteness check `IsFinite`,
+  `All`, `LogicalNot` and the reduction's axes (`Const`). Nodes whose label
+  names no op type count as "?".
+  """
+  counts = collections.Counter()
+  for device_stats in run_metadata.step_stats.dev_stats:
+    if any(m in device_stats.device for m in _PSEUDO_DEVICE_MARKERS):
+      continue
+    for node in device_stats.node_stats:
+      match = _LABEL_OP_TYPE.search(node.timeline_label)
+      counts[match.group(1) if match else "?"] += 1
+  return counts
 
 
 def executed_nodes(session, fetches, feed_dict=None):

@@ -195,6 +195,8 @@ class CostGrowthTest(tf.test.TestCase):
         self.assertAlmostEqual(
             s["extra_executed_nodes"] / cell["variables"],
             s["extra_executed_nodes_per_variable"], msg=where)
+        self.assertEqual(s["extra_executed_nodes"],
+                         sum(s["extra_executed_by_op_type"].values()), where)
         if variant in ("plain", "barrier_only"):
           self.assertIsNone(s["all_steps_applied"], where)
         else:
@@ -202,6 +204,10 @@ class CostGrowthTest(tf.test.TestCase):
         extra[(cell["workload"], cell["num_towers"], variant)] = (
             s["extra_executed_nodes"])
     for workload in ("dense10", "dense30"):
+      wrapper = results["cells"][workload + "/towers_1"]["variants"][
+          "skip_nonfinite_optimizer"]["extra_executed_by_op_type"]
+      # One exact check per gradient (`guard.is_nonfinite`).
+      self.assertGreaterEqual(wrapper["IsFinite"], int(workload[5:]))
       # The wrapper sees the averaged gradients only, whatever the towers.
       self.assertEqual(extra[(workload, 1, "skip_nonfinite_optimizer")],
                        extra[(workload, 2, "skip_nonfinite_optimizer")])
@@ -264,6 +270,15 @@ class GrowthConfigTest(tf.test.TestCase):
       with self.assertRaisesRegex(ValueError, message):
         cost_growth_lib.GrowthConfig(**fields).validate()
 
+  def testTrainerStepOfAReferenceModelBuildsItsOwnModel(self):
+    built = cost_growth_variants.build("guarded_trainer_step", "small_cnn", 1)
+    try:
+      self.assertEqual(10, built.variables)  # small_cnn's, not a dense stack
+      built.session.run(built.train_op)
+      self.assertTrue(built.all_steps_applied())
+    finally:
+      built.session.close()
+
   def testDenseWorkloadNames(self):
     self.assertEqual(100, cost_growth_variants.dense_variables("dense100"))
     for name in ("resnet20", "dense", "dense0", "densex"):
@@ -315,6 +330,7 @@ class ExecutedOpsTest(tf.test.TestCase):
     # Each product and its constant operand, once each.
     self.assertLen([n for n in names if n.startswith("product")], 14)
     self.assertLen(set(names), len(names))
+    self.assertEqual(7, executed_ops.executed_op_types(traced)["Mul"])
 
 
 if __name__ == "__main__":
