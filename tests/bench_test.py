@@ -1,4 +1,5 @@
-"""The benchmarks keep running: `guard_overhead --quick` end to end, towers.
+"""The benchmarks keep running: `guard_overhead` and `cost_growth` --quick
+end to end, towers, and the executed-node count they rely on.
 
 These check the structure of what the benchmarks report, never the speed.
 """
@@ -11,8 +12,13 @@ import sys
 from absl import flags
 import tensorflow as tf
 
+from bench import cost_growth_lib
+from bench import cost_growth_variants
+from bench import executed_ops
 from bench import guard_overhead_lib
 from bench import towers_lib
+
+tf1 = tf.compat.v1
 
 
 def _binary(name):
@@ -149,6 +155,182 @@ class TowersTest(tf.test.TestCase):
   def testRejectsDuplicateTowerCounts(self):
     with self.assertRaisesRegex(ValueError, "duplicates"):
       towers_lib.TowersConfig(num_towers=(1, 1)).validate()
+
+
+class CostGrowthTest(tf.test.TestCase):
+
+  def testQuickRunReportsEveryCellWithRatiosAndExecutedNodes(self):
+    json_out = os.path.join(self.get_temp_dir(), "cost_growth.json")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        _binary("cost_growth") + ["--quick", "--json_out=" + json_out],
+        capture_output=True, text=True, env=env, timeout=600, check=False)
+    self.assertEqual(0, result.returncode, result.stderr[-3000:])
+    with open(json_out) as f:
+      results = json.load(f)
+
+    self.assertEqual("plain", results["baseline"])
+    self.assertEqual(["dense10/towers_1", "dense10/towers_2",
+                      "dense30/towers_1", "dense30/towers_2"],
+                     list(results["cells"]))
+    self.assertEqual([], results["skipped_cells"])
+    extra = {}
+    for name, cell in results["cells"].items():
+      variants = cell["variants"]
+      # --quick times no A/A control.
+      self.assertEqual(list(cost_growth_variants.VARIANTS), list(variants))
+      self.assertEqual(int(cell["workload"][len("dense"):]),
+                       cell["variables"], name)
+      self.assertEqual(1.0, variants["plain"]["ratio_to_baseline"])
+      self.assertEqual(0, variants["plain"]["extra_executed_nodes"])
+      for variant, s in variants.items():
+        where = (name, variant)
+        self.assertEqual(3, s["blocks"], where)
+        self.assertGreater(s["ratio_to_baseline"], 0, where)
+        self.assertGreater(s["cpu_ratio_to_baseline"], 0, where)
+        # Two traced steps of one graph execute the same nodes.
+        self.assertTrue(s["executed_nodes_stable"], where)
+        self.assertGreater(s["executed_nodes"], 0, where)
+        self.assertAlmostEqual(
+            s["extra_executed_nodes"] / cell["variables"],
+            s["extra_executed_nodes_per_variable"], msg=where)
+        self.assertEqual(s["extra_executed_nodes"],
+                         sum(s["extra_executed_by_op_type"].values()), where)
+        if variant in ("plain", "barrier_only"):
+          self.assertIsNone(s["all_steps_applied"], where)
+        else:
+          self.assertTrue(s["all_steps_applied"], where)
+        extra[(cell["workload"], cell["num_towers"], variant)] = (
+            s["extra_executed_nodes"])
+    for workload in ("dense10", "dense30"):
+      wrapper = results["cells"][workload + "/towers_1"]["variants"][
+          "skip_nonfinite_optimizer"]["extra_executed_by_op_type"]
+      # One exact check per gradient (`guard.is_nonfinite`).
+      self.assertGreaterEqual(wrapper["IsFinite"], int(workload[5:]))
+      # The wrapper sees the averaged gradients only, whatever the towers.
+      self.assertEqual(extra[(workload, 1, "skip_nonfinite_optimizer")],
+                       extra[(workload, 2, "skip_nonfinite_optimizer")])
+      for towers in (1, 2):
+        # The barrier is part of every guarded step: it is their floor.
+        for variant in ("skip_nonfinite_optimizer", "guarded_trainer_step"):
+          self.assertLess(extra[(workload, towers, "barrier_only")],
+                          extra[(workload, towers, variant)])
+    rows = [line for line in result.stdout.splitlines()
+            if line.startswith("| dense")]
+    self.assertLen(rows, 4)
+
+  def testRejectsBadTowerCountsInOneLine(self):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        _binary("cost_growth") + ["--num_towers=1,two", "--json_out="],
+        capture_output=True, text=True, env=env, timeout=300, check=False)
+    self.assertNotEqual(0, result.returncode)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertIn("cost_growth: error: --num_towers must be a list of "
+                  "integers, got '1,two'", result.stderr)
+
+  def testFlagsDefaultToGrowthConfig(self):
+    # In a process of its own: its flags share names with guard_overhead's.
+    code = "\n".join([
+        "from absl import flags",
+        "from bench import cost_growth, cost_growth_lib",
+        "config = cost_growth_lib.GrowthConfig()",
+        "f = flags.FLAGS",
+        "f(['cost_growth'])",
+        "made = cost_growth.make_config(f, cost_growth_lib)",
+        "assert made == config, (made, config)",
+    ])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                            text=True, env=env, timeout=300, check=False)
+    self.assertEqual(0, result.returncode, result.stderr[-2000:])
+
+
+class GrowthConfigTest(tf.test.TestCase):
+
+  def testCellsLeaveOutDenseStacksAboveTheLimitOnly(self):
+    config = cost_growth_lib.GrowthConfig(
+        dense_variables=(10, 600), models=("resnet20",), num_towers=(1, 2),
+        max_tower_variables=1000).validate()
+    self.assertEqual([("dense10", 1), ("dense10", 2), ("dense600", 1),
+                      ("resnet20", 1), ("resnet20", 2)], config.cells())
+    self.assertEqual([("dense600", 2)], config.skipped_cells())
+
+  def testRejectsBadConfigs(self):
+    for fields, message in (
+        (dict(models=("vgg16",)), "unknown model 'vgg16'"),
+        (dict(num_towers=(1, 1)), "num_towers has duplicates"),
+        (dict(dense_variables=(0,)), "dense_variables must be ints >= 1"),
+        (dict(dense_variables=(), models=()), "nothing to measure"),
+        (dict(dense_variables=(2000,), models=()),
+         "every cell has more than max_tower_variables=1000")):
+      with self.assertRaisesRegex(ValueError, message):
+        cost_growth_lib.GrowthConfig(**fields).validate()
+
+  def testTrainerStepOfAReferenceModelBuildsItsOwnModel(self):
+    built = cost_growth_variants.build("guarded_trainer_step", "small_cnn", 1)
+    try:
+      self.assertEqual(10, built.variables)  # small_cnn's, not a dense stack
+      built.session.run(built.train_op)
+      self.assertTrue(built.all_steps_applied())
+    finally:
+      built.session.close()
+
+  def testDenseWorkloadNames(self):
+    self.assertEqual(100, cost_growth_variants.dense_variables("dense100"))
+    for name in ("resnet20", "dense", "dense0", "densex"):
+      self.assertIsNone(cost_growth_variants.dense_variables(name), name)
+
+
+class ExecutedOpsTest(tf.test.TestCase):
+
+  def _cond_graph(self, untaken_ops):
+    """A cond taking a one-op branch; the other branch has `untaken_ops`."""
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf1.Variable(1.0, name="x")
+      go = tf1.Variable(True, name="go")
+
+      def untaken():
+        y = x.read_value()
+        for _ in range(untaken_ops):
+          y = y * 1.5
+        return y
+
+      out = tf.cond(go.read_value(), lambda: tf.identity(x.read_value()),
+                    untaken)
+      init = tf1.global_variables_initializer()
+    session = tf1.Session(graph=graph)
+    session.run(init)
+    return session, out
+
+  def testCountsWhatRunsNotWhatTheGraphHolds(self):
+    session, out = self._cond_graph(untaken_ops=1)
+    small = executed_ops.executed_nodes(session, out)
+    self.assertEqual(small, executed_ops.executed_nodes(session, out))
+    session, out = self._cond_graph(untaken_ops=40)
+    # The untaken branch's nodes are dead: none of them executes.
+    self.assertEqual(small, executed_ops.executed_nodes(session, out))
+
+  def testEachExecutedOpCountsOnce(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf1.placeholder(tf.float32, [])
+      # Seven products, all fetched: Grappler would rewrite a chain (fold
+      # constant adds, fuse unary ops), and the count is of what runs.
+      y = [tf.multiply(x, i + 2.0, name="product%d" % i) for i in range(7)]
+    with tf1.Session(graph=graph) as session:
+      traced = executed_ops.trace_run(session, y, {x: 1.0})
+      names = executed_ops.executed_node_names(traced)
+    self.assertEqual(sum(executed_ops.executed_by_device(traced).values()),
+                     len(names))
+    # Each product and its constant operand, once each.
+    self.assertLen([n for n in names if n.startswith("product")], 14)
+    self.assertLen(set(names), len(names))
+    self.assertEqual(7, executed_ops.executed_op_types(traced)["Mul"])
 
 
 if __name__ == "__main__":
