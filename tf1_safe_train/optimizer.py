@@ -150,10 +150,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       self._losses.append(loss)
     if self._loss_scale is None:
       return self._optimizer.compute_gradients(loss, *args, **kwargs)
-    scale = self._loss_scale.scale()
-    scaled = loss * tf.cast(scale, loss.dtype)
-    grads_and_vars = self._optimizer.compute_gradients(scaled, *args, **kwargs)
-    return self._loss_scale.unscale(grads_and_vars, scale)
+    return self._loss_scale.gradients(
+        lambda scaled, **kw: self._optimizer.compute_gradients(
+            scaled, *args, **kw), loss, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
                       *, tower_grads_and_vars=None):
