@@ -17,7 +17,10 @@ The interface, in the order the runner uses it:
   `tower_devices()`         the towers' full device strings, for reports
   `statistics(update_ops)`  (statistics deltas decided with the gradients,
                             update ops the decision rolls back)
-  `decide(pairs, apply_fn, **guard_kwargs)`  the step's `guard.GuardResult`
+  `decider(guarded)`        what applies the gradients: the step's
+                            `SkipNonFiniteOptimizer`, or what calls it
+  `result(guarded, pairs, tower_nonfinite)`  the `guard.GuardResult`
+                            the reports show
   `after_build(step)`       ops the end of the run needs
   `step_hooks()`            hooks that run the step's own machinery
   `session(scaffold, hooks, stopped_by_signal)`  the MonitoredSession
@@ -30,7 +33,6 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import guard
 from tf1_safe_train import ps_watch
 from tf1_safe_train import replicas
 from tf1_safe_train import rollback
@@ -71,25 +73,14 @@ class Local(object):
     """In one process the decision rolls the update ops back itself."""
     return [], update_ops
 
-  def decide(self, pairs, apply_fn, step_index, **guard_kwargs):
-    """One `guard.guarded_apply` over this process's gradients.
+  def decider(self, guarded):
+    """What the step's gradients are applied with: the guarded wrapper."""
+    return guarded
 
-    Args:
-      pairs: (gradient, variable) pairs, statistics deltas included.
-      apply_fn: the update, built in the apply branch.
-      step_index: the step's global_step read, which the decision follows.
-      **guard_kwargs: for `guard.guarded_apply` (global_step, update_ops,
-        extra_nonfinite, branch_ops).
-
-    Returns:
-      A `guard.GuardResult`.
-    """
-    with tf1.control_dependencies([step_index]):
-      return guard.guarded_apply(
-          pairs, apply_fn,
-          increment_global_step_on_skip=(
-              self.params.increment_global_step_on_skip),
-          name="guarded_step", **guard_kwargs)
+  def result(self, guarded, pairs, tower_nonfinite):
+    """The `guard.GuardResult` the reports show."""
+    del pairs, tower_nonfinite  # The decision checked every tower's.
+    return guarded.guard_result()
 
   def after_build(self, step):
     del step  # Nothing outlives a local run.
@@ -230,13 +221,15 @@ class SyncReplicas(AsyncReplicas):
     super(SyncReplicas, self).__init__(params, cluster)
     self.sync_optimizer = None
 
-  def decide(self, pairs, apply_fn, global_step=None, step_index=None,
-             extra_nonfinite=(), branch_ops=(), update_ops=()):
-    del update_ops  # Statistics travel as deltas (`statistics`).
-    self.sync_optimizer, result = sync_replicas.sync_step(
-        pairs, apply_fn, self.num_workers, global_step, step_index,
-        extra_nonfinite, branch_ops)
-    return result
+  def decider(self, guarded):
+    self.sync_optimizer = sync_replicas.sync_optimizer(guarded,
+                                                       self.num_workers)
+    return self.sync_optimizer
+
+  def result(self, guarded, pairs, tower_nonfinite):
+    del guarded  # Its decision runs on the chief: the reports never fetch it.
+    return sync_replicas.replica_view(self.sync_optimizer, pairs,
+                                      tower_nonfinite)
 
   def _close_tokens(self):
     return self.sync_optimizer.get_chief_queue_runner().queue.close(

@@ -9,11 +9,12 @@ A gradient's path, module by module (it never enters the runner,
   1. `train_step.tower_loss_and_grads`: computed in its tower (the towers'
      placement is `towers`', the loss scale's division `loss_scale`'s);
   2. `towers.average_gradients`: averaged over the towers;
-  3. `replication` (the run's strategy, `decide`): the decision's owner, one
-     process or, with sync replicas, the chief (its `sync_replicas`
-     adaptor hands the aggregate on);
+  3. `optimizer.SkipNonFiniteOptimizer.apply_gradients`, the library's one
+     guarded step (the public wrapper), called here or, with sync replicas
+     (the strategy's `decider`), by TF's `SyncReplicasOptimizer` on the
+     chief with the aggregate;
   4. `guard.guarded_apply`: checked, then the `tf.cond` whose apply branch
-     calls `train_step`'s apply function (clip, apply, EMA).
+     calls `train_step._Update` (clip, apply, statistics, EMA).
 """
 
 import collections
@@ -27,6 +28,7 @@ from tf1_safe_train import guard
 from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import models
 from tf1_safe_train import optimization
+from tf1_safe_train import optimizer as optimizer_lib
 from tf1_safe_train import precision
 from tf1_safe_train import rollback
 from tf1_safe_train import step_summaries
@@ -103,31 +105,46 @@ def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
   return loss, tower_drill.grads(grads_and_vars)
 
 
-def _apply_fn(params, optimizer, statistics, applied_steps):
-  """The update of an applied step: clip, apply, statistics, EMA."""
-  statistic_ids = set(id(v) for _, v in statistics)
+class _Update(tf1.train.Optimizer):
+  """The update of an applied step: clip, apply, statistics, EMA.
 
-  def apply_fn(checked_grads_and_vars):
-    model_pairs = [(g, v) for g, v in checked_grads_and_vars
-                   if id(v) not in statistic_ids]
+  What `optimizer.SkipNonFiniteOptimizer` wraps for the trainer: the
+  wrapper's decision calls `apply_gradients` inside its apply branch.
+  """
+
+  def __init__(self, params, optimizer, statistics, applied_steps):
+    super(_Update, self).__init__(use_locking=False, name="update")
+    self._params = params
+    self._optimizer = optimizer
+    self._statistic_ids = set(id(v) for _, v in statistics)
+    self._statistics = [v for _, v in statistics]
+    self._applied_steps = applied_steps
+
+  def _create_slots(self, var_list):
+    # pylint: disable=protected-access
+    self._optimizer._create_slots(
+        [v for v in var_list if id(v) not in self._statistic_ids])
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    del global_step, name  # The wrapper advances it; the guard names.
+    params, ids = self._params, self._statistic_ids
+    model_pairs = [(g, v) for g, v in grads_and_vars if id(v) not in ids]
     if params.clip_gradient_norm:
       model_pairs, _ = optimization.clip_by_global_norm(
           model_pairs, params.clip_gradient_norm)
-    update = optimizer.apply_gradients(model_pairs)
-    if statistics:
+    update = self._optimizer.apply_gradients(model_pairs)
+    if self._statistics:
       writes = [v.assign_sub(d, read_value=False)
-                for d, v in checked_grads_and_vars if id(v) in statistic_ids]
+                for d, v in grads_and_vars if id(v) in ids]
       with tf1.control_dependencies([update] + writes):
         # Shadows as on one machine, so checkpoints stay interchangeable.
-        update = rollback.Rollback([v for _, v in statistics]).commit()
+        update = rollback.Rollback(self._statistics).commit()
     if not params.moving_average_decay:
       return update
     ema = tf1.train.ExponentialMovingAverage(
-        params.moving_average_decay, num_updates=applied_steps)
+        params.moving_average_decay, num_updates=self._applied_steps)
     with tf1.control_dependencies([update]):
       return ema.apply(tf1.trainable_variables())
-
-  return apply_fn
 
 
 def _glue_to_tower0(tower_flags, flags):
@@ -218,14 +235,19 @@ def build_step(params, strategy, dataset_fn=None):
     tower_flags = _glue_to_tower0(
         tower_flags, guard.nonfinite_flags([d for d, _ in statistics]))
 
+  # The one guarded step of the library (the public wrapper), deciding
+  # where the strategy says: here, or on the chief for the aggregate.
+  guarded = optimizer_lib.SkipNonFiniteOptimizer(
+      _Update(params, optimizer, statistics, counters.applied_steps),
+      increment_global_step_on_skip=params.increment_global_step_on_skip,
+      update_ops=update_ops, loss_scale=loss_scale, name="guarded_step")
   with tf1.device(config.variables_device()):
+    pairs = list(grads_and_vars) + statistics
+    with tf1.control_dependencies([step_index]):
+      step_op = strategy.decider(guarded).apply_gradients(
+          pairs, global_step=global_step)
     tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
-    result = strategy.decide(
-        list(grads_and_vars) + statistics,
-        _apply_fn(params, optimizer, statistics, counters.applied_steps),
-        step_index=step_index, global_step=global_step,
-        update_ops=update_ops, extra_nonfinite=tf.unstack(tower_nonfinite),
-        branch_ops=[loss_scale] if loss_scale else [])
+    result = strategy.result(guarded, pairs, tower_nonfinite)
     average_flags, names = result.nonfinite_flags, result.variable_names
     if result.update_variable_names:
       # The checked statistics are tower 0's (as in a cluster).
@@ -234,14 +256,14 @@ def build_step(params, strategy, dataset_fn=None):
       average_flags = tf.concat(
           [average_flags, tf.zeros_like(result.update_flags)], axis=0)
       names = names + result.update_variable_names
-    with tf1.control_dependencies([result.train_op]):
+    with tf1.control_dependencies([step_op]):
       totals = [
           tf1.assign_add(nonfinite_by_tower,
                          tf.cast(tower_nonfinite, tf.int64)),
           tf1.assign(max_seen, tf.maximum(
               max_seen.read_value(), counters.consecutive_skips.read_value())),
       ]
-    train_op = tf.group(result.train_op, *totals, name="train_op")
+    train_op = tf.group(step_op, *totals, name="train_op")
     after = counters_lib.read_after(counters, train_op)
     with tf1.control_dependencies([train_op]):
       totals = {
