@@ -13,6 +13,8 @@ import re
 
 from absl import logging
 import tensorflow as tf
+# Only to keep GUARD_RESULTS out of exported meta graphs (see below).
+from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import fetch_gate
@@ -23,6 +25,10 @@ tf1 = tf.compat.v1
 # Graph collection of the `guard.GuardResult` of every step the wrapper
 # builds (`optimizer.SkipNonFiniteOptimizer` fills it).
 GUARD_RESULTS = "tf1_safe_train_guard_results"
+# They are Python tuples, which a meta-graph export (every checkpoint of a
+# MonitoredTrainingSession) cannot serialize and warns about: export nothing.
+tf_ops.register_proto_function(
+    GUARD_RESULTS, to_proto=lambda result, export_scope=None: None)
 
 # Ops that write the variable (ref or resource handle) of their first input:
 # assigns, scatters, optimizers' apply kernels.

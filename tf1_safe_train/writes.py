@@ -287,13 +287,7 @@ def find_writes(update_ops):
 
 
 def written_variables(update_ops):
-  """Returns the variables written by `update_ops`, sorted by name.
-
-  Args:
-    update_ops: as for `find_writes`.
-
-  Returns:
-    A list of variables.
+  """The variables written by `update_ops` (see `find_writes`), by name.
 
   Raises:
     ValueError: as `find_writes`.
