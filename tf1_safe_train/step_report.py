@@ -191,6 +191,7 @@ class Reporting(object):
   """
 
   _report = None
+  _report_args = None
   _last_result = None
 
   def applied(self):
@@ -208,11 +209,20 @@ class Reporting(object):
 
 
   def _set_report(self, result, global_step, towers, devices):
-    """Builds the last step's `step_report.StepReport` (fetched on demand)."""
-    with tf1.name_scope(self._name + "_report"):
-      step = step_index(result, global_step,
-                        self._increment_global_step_on_skip)
-    self._report = StepReport(step, result, towers, devices)
+    """Notes the last step's report; built when first asked for, so a step
+    nobody reports on (the trainer's, which has its own) adds no op."""
+    self._report = None
+    self._report_args = (result, global_step, towers, devices)
+
+  def _built_report(self):
+    if self._report is None:
+      self._result()  # Raises the usual error before any step.
+      result, global_step, towers, devices = self._report_args
+      with tf1.name_scope(self._name + "_report"):
+        step = step_index(result, global_step,
+                          self._increment_global_step_on_skip)
+      self._report = StepReport(step, result, towers, devices)
+    return self._report
 
   def report_fetches(self, train_op=None):
     """What to fetch with the train op to report a skip (see `describe_skip`).
@@ -230,11 +240,10 @@ class Reporting(object):
     Returns:
       A dict of tensors of the last built step.
     """
-    if self._report is None:
-      self._result()  # Raises the usual error.
+    report = self._built_report()
     if train_op is not None:
       self.check_train_op(train_op)
-    return self._report.fetches
+    return report.fetches
 
   def describe_skip(self, values):
     """The skip report line from the fetched `report_fetches()`, or None.
@@ -243,9 +252,7 @@ class Reporting(object):
     (/device:GPU:1); variables: conv1/weights" (towers when known:
     `tower_grads_and_vars=` or `apply_gradients_per_device`).
     """
-    if self._report is None:
-      self._result()
-    return self._report.describe(values)
+    return self._built_report().describe(values)
 
   def report_hook(self):
     """A `SessionRunHook` that logs the report of every skipped step.
@@ -254,9 +261,7 @@ class Reporting(object):
     only on runs that run the step, and checks (`check_train_op`) each new
     set of fetched ops before it runs. `reports` holds the lines logged.
     """
-    if self._report is None:
-      self._result()
-    return StepReportHook(self._report, self.check_train_op)
+    return StepReportHook(self._built_report(), self.check_train_op)
 
   def check_train_op(self, train_op):
     """Names what `train_op` writes outside the skip decision.
