@@ -11,7 +11,8 @@ step (`train_step`) never ask which mode they are in:
                    every worker's gradients (`sync_replicas`).
 
 The interface, in the order the runner uses it:
-  `tower_config`, `is_chief`, `worker_index`, `num_workers`  (attributes)
+  `tower_config`, `is_chief`, `worker_index`, `num_workers`, `liveness`,
+  `stop_grace_secs`         (attributes)
   `start()`                 before the graph (a cluster's server)
   `device()`                context the step is built in
   `tower_devices()`         the towers' full device strings, for reports
@@ -25,6 +26,11 @@ The interface, in the order the runner uses it:
   `step_hooks()`            hooks that run the step's own machinery
   `session(scaffold, hooks, stopped_by_signal)`  the MonitoredSession
   `finish()`, `summary_fields()`  after the session closed
+
+The hooks of a run, in order: the strategy's own (a cluster worker's
+`EndOfRunHook` first, so its `end` precedes the final checkpoint; then the
+chief's summary and checkpoint savers), then the runner's (`train_lib`),
+with `step_hooks()` after its reporting hooks.
 """
 
 import contextlib
@@ -89,7 +95,8 @@ class Local(object):
     return []
 
   def session(self, scaffold, hooks, stopped_by_signal):
-    """MonitoredTrainingSession; its savers follow `hooks` (TF's order)."""
+    """MonitoredTrainingSession: on the chief, its summary and checkpoint
+    savers run before `hooks` (TF's order, as in a cluster's `session`)."""
     del stopped_by_signal  # Nobody else waits for this process.
     params = self.params
     return tf1.train.MonitoredTrainingSession(
