@@ -4,17 +4,20 @@
 model -> loss -> loss scale -> gradients -> drill); `build_step` builds the
 whole step in the default graph and returns a `Step`.
 
-A gradient's path, module by module (it never enters the runner,
-`train_lib`):
-  1. `train_step.tower_loss_and_grads`: computed in its tower (the towers'
-     placement is `towers`', the loss scale's division `loss_scale`'s);
+A gradient's path, module by module (four; it never enters the runner,
+`train_lib`, nor the strategy, `replication`, which only chooses what the
+gradients are applied with):
+  1. `train_step.tower_loss_and_grads`: computed in its tower
+     (`DynamicLossScale.gradients` scales, differentiates, unscales; the
+     drill's `TowerDrill.grads` may poison it);
   2. `towers.average_gradients`: averaged over the towers;
   3. `optimizer.SkipNonFiniteOptimizer.apply_gradients`, the library's one
-     guarded step (the public wrapper), called here or, with sync replicas
-     (the strategy's `decider`), by TF's `SyncReplicasOptimizer` on the
-     chief with the aggregate;
+     guarded step (the public wrapper), called here (`build_step`) or, with
+     sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
+     aggregate of every worker's;
   4. `guard.guarded_apply`: checked, then the `tf.cond` whose apply branch
-     calls `train_step._Update` (clip, apply, statistics, EMA).
+     calls back `train_step._Update.apply_gradients` (clip, apply,
+     statistics, EMA).
 """
 
 import collections
