@@ -29,8 +29,9 @@ from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train import optimizer as optimizer_lib
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import replication
 from tf1_safe_train import towers
-from tf1_safe_train import train_lib
+from tf1_safe_train import train_step
 
 tf1 = tf.compat.v1
 
@@ -199,14 +200,14 @@ def _build_skip_nonfinite(model, images, labels, learning_rate):
 
 
 def _build_trainer(model, images, labels, learning_rate):
-  """Variant 3: `train_lib.build_train_graph` with one CPU tower."""
+  """Variant 3: `train_step.build_step` with one CPU tower."""
   params = params_lib.TrainParams(
       model=model, num_towers=1, device="cpu", batch_size=len(images),
       optimizer="momentum", learning_rate=learning_rate,
       # The other variants' loss is the cross-entropy alone.
       weight_decay=0.0).validate()
-  graph = train_lib.build_train_graph(
-      params, towers.TowerConfig(1, "cpu"),
+  graph = train_step.build_step(
+      params, replication.Local(params, towers.TowerConfig(1, "cpu")),
       dataset_fn=lambda unused_batch_size, unused_seed: _fixed_dataset(
           images, labels))
   return graph.train_op, _no_skips()

@@ -1,6 +1,6 @@
 """Trainer throughput against the number of towers, and the input alone.
 
-The trainer's full step (`train_lib.build_train_graph`, its own synthetic
+The trainer's full step (`train_step.build_step`, its own synthetic
 input pipeline included) is built once per tower count on virtual CPU
 devices, next to the input pipeline alone, each in its own graph and session;
 all are timed round-robin in blocks (see `timing`) and reported in examples/s.
@@ -17,8 +17,9 @@ import tensorflow as tf
 from bench import timing
 from tf1_safe_train import data
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import replication
 from tf1_safe_train import towers
-from tf1_safe_train import train_lib
+from tf1_safe_train import train_step
 
 tf1 = tf.compat.v1
 
@@ -82,7 +83,8 @@ def build_trainer(model, num_towers, batch_size, seed=0):
   graph = tf.Graph()
   with graph.as_default():
     tf1.set_random_seed(seed)
-    train_op = train_lib.build_train_graph(params, config).train_op
+    train_op = train_step.build_step(
+        params, replication.Local(params, config)).train_op
     init = tf1.global_variables_initializer()
   graph.finalize()
   session = tf1.Session(graph=graph, config=towers.session_config(config))

@@ -11,9 +11,11 @@ import binaries
 from tf1_safe_train import cluster as cluster_lib
 from tf1_safe_train import injection
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import replication
 from tf1_safe_train import replicas
 from tf1_safe_train import rollback
 from tf1_safe_train import train_lib
+from tf1_safe_train import train_step
 
 tf1 = tf.compat.v1
 
@@ -191,10 +193,9 @@ class WorkerGraphTest(tf.test.TestCase):
         ps=["127.0.0.1:%d" % (2000 + i) for i in range(num_ps)],
         worker=["127.0.0.1:%d" % (3000 + i) for i in range(num_workers)],
         job_name="worker", task_index=task_index)
-    with tf1.device(replicas.worker_device(config)):
-      return train_lib.build_train_graph(
-          params, replicas.cluster_tower_config(params, config),
-          worker_index=task_index, num_workers=num_workers)
+    strategy = replication.make(params, config)
+    with strategy.device():
+      return train_step.build_step(params, strategy), strategy
 
   def testStateLivesOnThePsAndTowersOnTheWorker(self):
     with tf.Graph().as_default() as graph:
@@ -228,8 +229,8 @@ class WorkerGraphTest(tf.test.TestCase):
 
   def testChiefsApplyRunsNoForwardPass(self):
     with tf.Graph().as_default():
-      graph = self._build(sync_replicas=True, task_index=0)
-      runner = graph.sync_optimizer.get_chief_queue_runner()
+      _, strategy = self._build(sync_replicas=True, task_index=0)
+      runner = strategy.sync_optimizer.get_chief_queue_runner()
       seen, stack = set(), [op for op in runner.enqueue_ops]
       while stack:
         op = stack.pop()
@@ -246,8 +247,8 @@ class WorkerGraphTest(tf.test.TestCase):
 
   def testStatisticsTravelWithTheGradients(self):
     with tf.Graph().as_default():
-      graph = self._build(sync_replicas=True)
-      names = graph.variable_names
+      step, _ = self._build(sync_replicas=True)
+      names = step.report.variable_names
     self.assertIn("resnet20/initial/bn/moving_mean", names)
     self.assertIn("resnet20/initial/bn/moving_variance", names)
     self.assertIn("resnet20/initial/conv/weights", names)

@@ -196,6 +196,31 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertIn("small_cnn/conv1/weights/Momentum", moved)
     self.assertEqual(_nonfinite_variables(applied), [])
 
+  def testSyncFp16OneLossScaleForEveryReplica(self):
+    # The chief's decision on the aggregate updates the one loss scale every
+    # worker reads: worker 1's NaN at step 8 skips the aggregate and halves
+    # the scale once (not once per worker), for both workers. (Step 8: the
+    # first steps may run before worker 1 has joined.)
+    train_dir = self._train_dir()
+    code, _, err = self._local_cluster(
+        train_dir, "--sync_replicas", "--precision=fp16", "--max_steps=12",
+        "--initial_loss_scale=256", "--loss_scale_growth_steps=1000",
+        "--save_checkpoints_steps=1", "--inject_nonfinite=nan@8/1")
+    self.assertEqual(code, 0, err[-3000:])
+    summary = _read_summary(train_dir)
+    self.assertEqual((summary["global_step"], summary["skipped_steps"],
+                      summary["applied_steps"]), (12, 1, 11))
+    self.assertEqual(summary["loss_scale"], 128.0)
+    reports = _skip_reports(_task_lines(err, "worker 1"))
+    self.assertLen(reports, 1)
+    self.assertIn("skipped step 8", reports[0])
+    self.assertIn("at scale 256", reports[0])
+    self.assertEqual(_skip_reports(_task_lines(err, "worker 0")), [])
+    path = os.path.join(train_dir, "model.ckpt-%d")
+    scales = [_checkpoint_values(path % s)["loss_scale/scale"]
+              for s in (8, 9, 12)]
+    self.assertEqual(scales, [256.0, 128.0, 128.0])
+
   def testRestartedWorkerRejoinsAndTheRunFinishes(self):
     train_dir = self._train_dir()
     ports = local_cluster.free_ports(3)

@@ -10,8 +10,10 @@ import tensorflow as tf
 import train_dir_util
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import run_summary
+from tf1_safe_train import replication
 from tf1_safe_train import towers
 from tf1_safe_train import train_lib
+from tf1_safe_train import train_step
 
 tf1 = tf.compat.v1
 
@@ -40,13 +42,12 @@ class TrainTest(tf.test.TestCase):
     # batch-norm statistic written before the decision.
     params = _params(self._train_dir("graph"), num_towers=1, model="resnet20")
     with tf.Graph().as_default() as graph:
-      step = train_lib.build_train_graph(
-          params, towers.TowerConfig(params.num_towers, params.device))
+      step = train_step.build_step(params, replication.Local(params))
       checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
-      statistics = [n for n in step.variable_names if "moving_" in n]
+      statistics = [n for n in step.report.variable_names if "moving_" in n]
       self.assertLen(statistics, 38)  # 19 batch norms, mean and variance.
       self.assertLen(checks, len(tf1.trainable_variables()) + len(statistics))
-      self.assertLen(step.variable_names, len(checks))
+      self.assertLen(step.report.variable_names, len(checks))
 
   def testLearningRateScheduleFollowsAppliedStepsByDefault(self):
     # Step 1 is skipped. Summaries are logged under the global_step after

@@ -7,11 +7,8 @@ accumulator and no rolled-back moving statistic changes. The decision is one
 """
 
 import collections
-import contextlib
 
 import tensorflow as tf
-# Only to choose the cond implementation for ref variables (see below).
-from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import rollback
@@ -108,7 +105,7 @@ def _written_is_nonfinite(variable):
   of a ref variable (`read_value()`) into the variable's cached snapshot,
   which can run before the updates the caller's control dependencies name.
   """
-  if _is_ref_variable(variable):
+  if rollback.is_ref_variable(variable):
     return _check(variable._ref())  # pylint: disable=protected-access
   return _check(variable.read_value())
 
@@ -160,36 +157,6 @@ def count_nonfinite(grads):
 
 def _increment(variable):
   return tf1.assign_add(variable, tf.constant(1, dtype=variable.dtype.base_dtype))
-
-
-def _is_ref_variable(variable):
-  return not hasattr(variable, "handle")
-
-
-@contextlib.contextmanager
-def _control_flow_for(variables):
-  """Builds a `tf.cond` that can capture `variables`.
-
-  Control flow v2 builds the branches as functions, which cannot capture ref
-  variables (`tf.compat.v1.disable_resource_variables()`, legacy code): for
-  those the decision is built with v1 control flow, which TF still supports
-  in graph mode. Resource variables keep whatever implementation is enabled.
-
-  Args:
-    variables: every variable the branches read or write.
-
-  Yields:
-    Nothing; the cond is built inside the block.
-  """
-  if not (control_flow_util.ENABLE_CONTROL_FLOW_V2 and
-          any(_is_ref_variable(v) for v in variables)):
-    yield
-    return
-  control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
-  try:
-    yield
-  finally:
-    control_flow_util.ENABLE_CONTROL_FLOW_V2 = True
 
 
 def guarded_apply(grads_and_vars,
@@ -293,7 +260,7 @@ def guarded_apply(grads_and_vars,
 
     touched = ([v for _, v in checked] + protected.variables + list(counters) +
                ([global_step] if global_step is not None else []))
-    with _control_flow_for(touched):
+    with rollback.control_flow_for(touched):
       applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
     writes.register_decision(applied)
     step_ops = [applied]

@@ -140,12 +140,7 @@ def parse_spec(spec):
 
 
 def validate(rules, num_towers, num_workers=1):
-  """Checks that every rule names an existing tower and worker.
-
-  Args:
-    rules: sequence of `Rule`.
-    num_towers: number of towers per worker.
-    num_workers: number of workers.
+  """Checks that every `Rule` names an existing tower and worker.
 
   Raises:
     InjectionSpecError: for the first rule out of range.
@@ -193,13 +188,6 @@ def _selected(rules, tower, worker):
 
 def is_active(rules, step, tower, worker=0, seed=0):
   """Pure-Python twin of `active_value`, with `step` a Python int.
-
-  Args:
-    rules: sequence of `Rule`.
-    step: global step.
-    tower: tower index.
-    worker: worker index.
-    seed: int seed of the probability rules.
 
   Returns:
     (active, value): whether (step, tower, worker) is poisoned and the value

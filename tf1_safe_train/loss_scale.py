@@ -165,3 +165,20 @@ class DynamicLossScale(object):
     """The state read after `op` (e.g. the train op), for hooks."""
     with tf1.control_dependencies([op]):
       return LossScaleState(*[tf.identity(v.read_value()) for v in self._state])
+
+  def gradients(self, compute_gradients, loss, scale=None, **kwargs):
+    """Scale, differentiate, unscale: the one place both steps do it.
+
+    Args:
+      compute_gradients: an optimizer's `compute_gradients`.
+      loss: the loss tensor.
+      scale: the scale tensor read for this step (default: a fresh read).
+      **kwargs: for `compute_gradients`.
+
+    Returns:
+      (gradient, variable) pairs of `loss`, as `unscale` returns them.
+    """
+    scale = self.scale() if scale is None else scale
+    grads_and_vars = compute_gradients(loss * tf.cast(scale, loss.dtype),
+                                       **kwargs)
+    return self.unscale(grads_and_vars, scale)

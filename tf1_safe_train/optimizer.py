@@ -10,16 +10,14 @@ Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`, plus
 
 from absl import logging
 import tensorflow as tf
-# Only to keep GUARD_RESULTS out of exported meta graphs (see below).
-from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import guard
 from tf1_safe_train import loss_scale as loss_scale_lib
+from tf1_safe_train import per_device
 from tf1_safe_train import rollback
 from tf1_safe_train import step_report
 from tf1_safe_train import write_check
-from tf1_safe_train import writes
 
 tf1 = tf.compat.v1
 
@@ -27,13 +25,9 @@ tf1 = tf.compat.v1
 # can find the applied flag and the per-variable flags of legacy train ops
 # (and refuse a run of two steps: `write_check`).
 GUARD_RESULTS = write_check.GUARD_RESULTS
-# They are Python tuples, which a meta-graph export (every checkpoint of a
-# MonitoredTrainingSession) cannot serialize and warns about: export nothing.
-tf_ops.register_proto_function(
-    GUARD_RESULTS, to_proto=lambda result, export_scope=None: None)
 
 
-class SkipNonFiniteOptimizer(tf1.train.Optimizer):
+class SkipNonFiniteOptimizer(step_report.Reporting, tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 
   What is protected on a skipped step: every variable the wrapped optimizer
@@ -60,19 +54,12 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
                                       variables_averages_op))
 
   Which `UPDATE_OPS` are rolled back (and run before the decision), unless
-  `update_ops` is given: the entries the step runs anyway, i.e. those among
-  the ancestors of the caller's `tf.control_dependencies` at
-  `apply_gradients` time (the legacy idiom: the first tower's statistics
-  only), of the gradients, or of the losses given to `compute_gradients`
-  (tf-slim's `create_train_op` puts its update ops in a barrier the loss
-  depends on); otherwise none. Wrapping never makes a step run an update op
-  the script did not run. Update ops grouped into the train op after
-  `apply_gradients` are not seen here: pass the train op through `protect`
-  (the warning at session start names variables written outside the
-  decision). Variables written in conds (a batch norm whose `training` is a
-  tensor) are found too; an update op whose writes cannot be analysed (a
-  loop, a function call, an unknown write op) raises a ValueError naming it
-  and the variable.
+  `update_ops` is given: the entries the step runs anyway
+  (`rollback.update_ops_run_by`); wrapping never makes a step run an update
+  op the script did not run. Update ops grouped into the train op after
+  `apply_gradients` are not seen here: pass the train op through `protect`.
+  An update op whose writes cannot be analysed (a loop, a function call, an
+  unknown write op) raises a ValueError naming it and the variable.
   """
 
   def __init__(self,
@@ -90,17 +77,14 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       increment_global_step_on_skip: if True (default), `global_step` advances
         on skipped steps too; if False, only on applied steps.
       update_ops: ops whose written variables are rolled back on a skip;
-        default: the `UPDATE_OPS` entries the step runs anyway (ancestors of
-        the caller's control dependencies at `apply_gradients` time, of the
-        gradients or of the losses), otherwise none (see the class
-        docstring).
+        default: the `UPDATE_OPS` entries the step runs anyway (see the
+        class docstring).
       loss_scale: None; "dynamic" for a `loss_scale.DynamicLossScale` with
         its defaults (initial scale 2**15, doubled after 2000 applied steps
         in a row, halved by every skip); or a `DynamicLossScale`. With a loss
         scale, `compute_gradients` differentiates the scaled loss and returns
         the gradients divided by the scale (each in its variable's dtype,
-        divided in float32), and the scale's update shares
-        this wrapper's apply/skip decision.
+        divided in float32), and the scale's update shares the decision.
       strict: when `report_hook()` (or `report_fetches(train_op)`) first
         sees a train op that writes variables outside the decision, raise
         instead of warning (see `write_check`).
@@ -124,9 +108,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       raise ValueError("loss_scale must be None, 'dynamic' or a "
                        "DynamicLossScale, got %r" % (loss_scale,))
     self._loss_scale = loss_scale
-    self._last_result = None
     self._strict = strict
-    self._report = None
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
     # Variables the last step already handles (global_step, counters, rolled
@@ -150,10 +132,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       self._losses.append(loss)
     if self._loss_scale is None:
       return self._optimizer.compute_gradients(loss, *args, **kwargs)
-    scale = self._loss_scale.scale()
-    scaled = loss * tf.cast(scale, loss.dtype)
-    grads_and_vars = self._optimizer.compute_gradients(scaled, *args, **kwargs)
-    return self._loss_scale.unscale(grads_and_vars, scale)
+    return self._loss_scale.gradients(
+        lambda scaled, **kw: self._optimizer.compute_gradients(
+            scaled, *args, **kw), loss, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
                       *, tower_grads_and_vars=None):
@@ -215,35 +196,14 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       ValueError: if `optimizers` does not give one optimizer per device.
     """
     groups = [tuple(g) for g in grads_and_vars_per_device]
-    if optimizers is None:
-      optimizers = [self._optimizer] * len(groups)
-    optimizers = list(optimizers)
-    if len(optimizers) != len(groups) or not all(
-        isinstance(o, tf1.train.Optimizer) for o in optimizers):
-      raise ValueError("apply_gradients_per_device: optimizers must be one "
-                       "tf.compat.v1.train.Optimizer per device (%d), got %r"
-                       % (len(groups), optimizers))
-    sizes = [len(g) for g in groups]
-
-    def apply_fn(checked_grads_and_vars):
-      updates, start = [], 0
-      for i, (opt, size) in enumerate(zip(optimizers, sizes)):
-        pairs = checked_grads_and_vars[start:start + size]
-        start += size
-        if any(g is not None for g, _ in pairs):
-          updates.append(opt.apply_gradients(
-              pairs, name=("%s_%d" % (name, i)) if name else None))
-      return tf.group(*updates)
-
-    flat = tuple(pair for group in groups for pair in group)
-    result = self._build_step(flat, global_step, apply_fn,
-                              list(zip(optimizers, groups)))
-    checked_sizes = [sum(1 for g, _ in group if g is not None)
-                     for group in groups]
+    optimizers = per_device.check_optimizers(
+        optimizers, len(groups), self._optimizer)
+    result = self._build_step(
+        tuple(pair for group in groups for pair in group), global_step,
+        per_device.apply_fn(optimizers, groups, name),
+        list(zip(optimizers, groups)))
     self._set_report(result, global_step,
-                     step_report.segment_flags(result.nonfinite_flags,
-                                               checked_sizes),
-                     [step_report.device_of(group) for group in groups])
+                     *per_device.report_rows(result, groups))
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
@@ -260,8 +220,11 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     losses, self._losses = self._losses, []
     update_ops = self._update_ops
     if update_ops is None:
-      update_ops = self._default_update_ops(
-          [g for g, _ in grads_and_vars if g is not None] + losses)
+      # (Not in a name scope of its own, which would rename the decision's
+      # to "SkipNonFinite_1".)
+      update_ops = rollback.update_ops_run_by(
+          [g for g, _ in grads_and_vars if g is not None] + losses,
+          self._name + "_control_dependencies")
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
@@ -290,41 +253,6 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         ([global_step] if global_step is not None else []))
     return result
 
-  def _default_update_ops(self, tensors):
-    """The `UPDATE_OPS` entries this step runs anyway (class docstring).
-
-    They are the entries among the ancestors of the caller's control
-    dependencies, of the gradients and of the losses given to
-    `compute_gradients`: one backward walk over the graph, each op once.
-
-    Args:
-      tensors: the gradients (Tensors or IndexedSlices) and losses.
-
-    Returns:
-      A list of `UPDATE_OPS` entries, in the collection's order.
-    """
-    everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
-    if not everything:
-      return []
-    # A NoOp built here carries the caller's `control_dependencies` as its
-    # control inputs: the public way to read them. (Not in a name scope of
-    # its own, which would rename the decision's to "SkipNonFinite_1".)
-    probe = tf.no_op(name=self._name + "_control_dependencies")
-    entries = {rollback.as_op(u) for u in everything}
-    stack = list(probe.control_inputs)
-    for tensor in tf.nest.flatten(tensors, expand_composites=True):
-      stack.append(tensor.op)
-    found, seen = set(), set()
-    while stack and len(found) < len(entries):
-      op = stack.pop()
-      if op in seen:
-        continue
-      seen.add(op)
-      if op in entries:
-        found.add(op)
-      stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    return [u for u in everything if rollback.as_op(u) in found]
-
   def protect(self, op, name="protect"):
     """Returns `op`, made to change nothing on a skipped step.
 
@@ -338,10 +266,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     the rolled-back `UPDATE_OPS` targets, and everything the wrapped
     optimizer updates inside the decision) are left to it.
 
-    The written variables are found as for `UPDATE_OPS` (assign and scatter
-    ops, followed through `tf.group`, `tf.identity` and reads, never into the
-    forward pass); each costs one shadow variable (saved in checkpoints) and
-    one copy per step.
+    Each written variable costs one shadow (see `rollback.protect`).
 
     Args:
       op: an Operation or Tensor (or a list of them) built after
@@ -357,120 +282,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
         something that is not a global or local variable.
     """
     result = self._result()
-    ops = [rollback.as_op(o) for o in tf.nest.flatten(op)]
-    handled = {v.op.name for v in self._step_variables}
-    protected = rollback.Rollback([
-        v for v in rollback.written_variables(ops)
-        if v.op.name not in handled])
-    with tf1.name_scope(name):
-      if not protected.variables:
-        return tf.group(*ops, name="unchanged")
-      # Decide only once `op` has written and the step has been decided.
-      with tf1.control_dependencies(ops):
-        applied = tf.identity(result.applied, name="applied")
-
-      def _keep():
-        with tf1.control_dependencies([protected.commit()]):
-          return tf.identity(tf.constant(True))
-
-      def _undo():
-        with tf1.control_dependencies([protected.restore()]):
-          return tf.identity(tf.constant(False))
-
-      # pylint: disable=protected-access
-      with guard._control_flow_for(protected.variables):
-        decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
-      writes.register_decision(decided)
-      return tf.group(*(ops + [decided]), name="protected")
-
-  def _set_report(self, result, global_step, towers, devices):
-    """Builds the last step's `step_report.StepReport` (fetched on demand)."""
-    with tf1.name_scope(self._name + "_report"):
-      step = step_report.step_index(result, global_step,
-                                    self._increment_global_step_on_skip)
-    self._report = step_report.StepReport(step, result, towers, devices)
-
-  def report_fetches(self, train_op=None):
-    """What to fetch with the train op to report a skip (see `describe_skip`).
-
-    In a plain `session.run` loop:
-
-        report = opt.report_fetches(train_op)
-        _, values = sess.run([train_op, report], feed_dict)
-        line = opt.describe_skip(values)  # None on an applied step
-
-    Args:
-      train_op: optional, the train op the loop runs: it is checked now as
-        `check_train_op` does (`report_hook()` checks what each run fetches).
-
-    Returns:
-      A dict of tensors of the last built step.
-    """
-    if self._report is None:
-      self._result()  # Raises the usual error.
-    if train_op is not None:
-      self.check_train_op(train_op)
-    return self._report.fetches
-
-  def describe_skip(self, values):
-    """The skip report line from the fetched `report_fetches()`, or None.
-
-    Like the trainer's: "skipped step 7: non-finite gradients in tower 1
-    (/device:GPU:1); variables: conv1/weights" (towers when known:
-    `tower_grads_and_vars=` or `apply_gradients_per_device`).
-    """
-    if self._report is None:
-      self._result()
-    return self._report.describe(values)
-
-  def report_hook(self):
-    """A `SessionRunHook` that logs the report of every skipped step.
-
-    For `MonitoredTrainingSession(hooks=[opt.report_hook()])`. It fetches
-    only on runs that run the step, and checks (`check_train_op`) each new
-    set of fetched ops before it runs. `reports` holds the lines logged.
-    """
-    if self._report is None:
-      self._result()
-    return step_report.StepReportHook(self._report, self.check_train_op)
-
-  def check_train_op(self, train_op):
-    """Names what `train_op` writes outside the skip decision.
-
-    Warns once, listing every variable a run of `train_op` writes that a
-    skipped step would change (an `ExponentialMovingAverage` without
-    `protect()`, update ops grouped after `apply_gradients`, a hand-written
-    assign); with `strict=True` raises instead.
-
-    Args:
-      train_op: an Operation or Tensor, or a list of them (what a run
-        fetches).
-
-    Returns:
-      The list of those variables' names (empty if none).
-
-    Raises:
-      ValueError: if `strict` and something is written outside the
-        decision, or if `train_op` runs more than one guarded step.
-    """
-    ops = [rollback.as_op(o) for o in tf.nest.flatten(train_op)]
-    decisions = [r.applied for r in ops[0].graph.get_collection(
-        GUARD_RESULTS)] if ops else []
-    handled = [v.op.name for v in self._step_variables]
-    return write_check.check(ops, decisions, handled, strict=self._strict)
-
-  def applied(self):
-    """The bool tensor of the last built step: True if it was applied."""
-    return self._result().applied
-
-  def guard_result(self):
-    """The `guard.GuardResult` of the last `apply_gradients` call."""
-    return self._result()
-
-  def _result(self):
-    if self._last_result is None:
-      raise ValueError("apply_gradients (or minimize) has not been called")
-    return self._last_result
+    return rollback.protect([rollback.as_op(o) for o in tf.nest.flatten(op)],
+                            result.applied,
+                            {v.op.name for v in self._step_variables}, name)
 
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)

@@ -134,9 +134,6 @@ class TrainParams(object):
            self.loss_scale_growth_steps >= 1,
            "--loss_scale_growth_steps=%r: must be an integer >= 1",
            self.loss_scale_growth_steps)
-    _check(not (self.precision == "fp16" and self.sync_replicas),
-           "--precision=fp16 with --sync_replicas is not supported yet (the "
-           "loss scale would need the chief's decision)")
     _check(isinstance(self.sync_replicas, bool),
            "--sync_replicas=%r: must be a boolean", self.sync_replicas)
     # The sync token that releases the replicas carries global_step; a skip

@@ -121,19 +121,20 @@ EndOfRunOps = collections.namedtuple("EndOfRunOps", [
     "final_reads"])
 
 
-def end_of_run_ops(cluster, graph):
-  """Builds the ops of the end-of-run protocol (see `EndOfRunHook`)."""
+def end_of_run_ops(cluster, variables, close_tokens=None):
+  """Builds the ops of the end-of-run protocol (see `EndOfRunHook`).
+
+  Args:
+    cluster: this worker's `cluster.ClusterConfig`.
+    variables: the step's state variables (`train_step.Step.variables`).
+    close_tokens: with sync replicas, the op closing the token queue.
+  """
   index = tf.constant(cluster.task_index, tf.int32)
   with tf1.name_scope("end_of_run"):
     with tf1.device("/job:ps/task:0"):
       stopped = tf1.FIFOQueue(-1, [tf.int32], shapes=[[]],
                               shared_name=_STOPPED_QUEUE,
                               name="stopped_workers")
-    close_tokens = None
-    if graph.sync_optimizer is not None:
-      close_tokens = graph.sync_optimizer.get_chief_queue_runner().queue.close(
-          cancel_pending_enqueues=False)
-    variables = graph.variables
     final_reads = {
         "global_step": variables["global_step"].read_value(),
         "counters": counters_lib.SkipCounters(
@@ -202,48 +203,6 @@ class EndOfRunHook(tf1.train.SessionRunHook):
         return
 
 
-class SyncReplicasHook(tf1.train.SessionRunHook):
-  """`SyncReplicasOptimizer.make_session_run_hook`, with a quiet ending.
-
-  Runs the optimizer's initialisation ops and, on the chief, the queue
-  runner that applies the aggregates. At the end that thread may still wait
-  in the gradient accumulators for replicas that have stopped; closing the
-  session cancels it, which TF's own queue runner reports as a crash
-  (a traceback after every clean run). Here a cancelled run ends the thread
-  like a closed queue does.
-  """
-
-  def __init__(self, sync_optimizer, is_chief):
-    self._optimizer = sync_optimizer
-    self._is_chief = is_chief
-    self._init_ops = []
-    self._queue_runner = None
-
-  def begin(self):
-    optimizer = self._optimizer
-    if not self._is_chief:
-      self._init_ops = [optimizer.local_step_init_op]
-      return
-    self._init_ops = [optimizer.chief_init_op, optimizer.get_init_tokens_op()]
-    runner = optimizer.get_chief_queue_runner()
-    self._queue_runner = tf1.train.QueueRunner(
-        runner.queue, runner.enqueue_ops,
-        queue_closed_exception_types=(tf.errors.OutOfRangeError,
-                                      tf.errors.CancelledError))
-
-  def after_create_session(self, session, coord):
-    # As TF's hook: the session creator has already waited for this.
-    not_ready = session.run(self._optimizer.ready_for_local_init_op)
-    if not_ready.size:
-      raise RuntimeError("variables not initialised for the sync replicas: "
-                         "%s" % ", ".join(v.decode() for v in not_ready))
-    for op in self._init_ops:
-      session.run(op)
-    if self._queue_runner is not None:
-      self._queue_runner.create_threads(session, coord=coord, daemon=True,
-                                        start=True)
-
-
 class _ClusterSessionCreator(tf1.train.SessionCreator):
   """TF's Chief/WorkerSessionCreator, polling every _RECOVERY_WAIT_SECS.
 
@@ -285,7 +244,6 @@ class _ClusterSessionCreator(tf1.train.SessionCreator):
     return manager.wait_for_session(self._master, config=self._config,
                                     max_wait_secs=self._max_wait_secs)
 
-
   def _ps_holds_model(self, scaffold):
     """Whether every variable on the ps is initialised (a live run); logs."""
     with tf1.Session(self._master, config=self._config) as session:
@@ -323,16 +281,7 @@ def report_done(server, ops, config, timeout_secs):
 
 
 def cluster_session(params, cluster, master, config, scaffold, hooks):
-  """The MonitoredSession of a worker; the chief also saves and summarises."""
-  if cluster.is_chief:
-    hooks = hooks[:1] + [
-        tf1.train.CheckpointSaverHook(
-            params.train_dir, save_steps=params.save_checkpoints_steps,
-            scaffold=scaffold),
-        tf1.train.SummarySaverHook(
-            save_steps=params.save_summaries_steps,
-            output_dir=params.train_dir, scaffold=scaffold),
-    ] + hooks[1:]
+  """The MonitoredSession of a worker, running `hooks` in their order."""
   creator = _ClusterSessionCreator(
       scaffold, master, config, cluster.is_chief, params.train_dir,
       max_wait_secs=params.startup_timeout_secs)

@@ -10,9 +10,13 @@ Which variables an update op writes is found by `writes`. In a cluster
 instead.
 """
 
+import contextlib
+
 import tensorflow as tf
 # Only to keep the shadows' collection out of exported meta graphs (below).
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
+# Only to choose the cond implementation for ref variables (see below).
+from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 from tf1_safe_train import writes
 
@@ -130,3 +134,113 @@ def statistics_deltas(update_ops):
     deltas.setdefault(variable.op, []).append(value)
   return [(tf.add_n(deltas[v.op]) if len(deltas[v.op]) > 1
            else deltas[v.op][0], v) for v in order]
+
+
+def is_ref_variable(variable):
+  return not hasattr(variable, "handle")
+
+
+@contextlib.contextmanager
+def control_flow_for(variables):
+  """Builds a `tf.cond` that can capture `variables`.
+
+  Control flow v2 builds the branches as functions, which cannot capture ref
+  variables (`tf.compat.v1.disable_resource_variables()`, legacy code): for
+  those the decision is built with v1 control flow, which TF still supports
+  in graph mode. Resource variables keep whatever implementation is enabled.
+
+  Args:
+    variables: every variable the branches read or write.
+
+  Yields:
+    Nothing; the cond is built inside the block.
+  """
+  if not (control_flow_util.ENABLE_CONTROL_FLOW_V2 and
+          any(is_ref_variable(v) for v in variables)):
+    yield
+    return
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+  try:
+    yield
+  finally:
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = True
+
+
+def protect(ops, applied, handled_names, name="protect"):
+  """`ops`, then keep (`applied`) or undo what they wrote (see the wrapper).
+
+  The written variables are found as for `UPDATE_OPS` (assign and scatter
+  ops, followed through `tf.group`, `tf.identity` and reads, never into the
+  forward pass); each costs one shadow variable (saved in checkpoints) and
+  one copy per step.
+
+  Args:
+    ops: Operations whose written variables are kept on an applied step and
+      take back their last applied value on a skipped one.
+    applied: the decided step's bool `applied` tensor.
+    handled_names: names of variables the step itself handles (left alone).
+    name: name scope of the added ops.
+
+  Returns:
+    An Operation.
+  """
+  protected = Rollback([v for v in written_variables(ops)
+                        if v.op.name not in handled_names])
+  with tf1.name_scope(name):
+    if not protected.variables:
+      return tf.group(*ops, name="unchanged")
+    # Decide only once `ops` have written and the step has been decided.
+    with tf1.control_dependencies(ops):
+      applied = tf.identity(applied, name="applied")
+
+    def _keep():
+      with tf1.control_dependencies([protected.commit()]):
+        return tf.identity(tf.constant(True))
+
+    def _undo():
+      with tf1.control_dependencies([protected.restore()]):
+        return tf.identity(tf.constant(False))
+
+    with control_flow_for(protected.variables):
+      decided = tf.cond(applied, _keep, _undo, name="keep_or_undo")
+    writes.register_decision(decided)
+    return tf.group(*(ops + [decided]), name="protected")
+
+
+def update_ops_run_by(tensors, probe_name):
+  """The `UPDATE_OPS` entries a step runs anyway, in the collection's order.
+
+  They are the entries among the ancestors of the caller's control
+  dependencies (the legacy idiom: `with tf.control_dependencies(update_ops)`
+  around `apply_gradients`, the first tower's statistics only) and of
+  `tensors`: the gradients, and the losses given to `compute_gradients`
+  (tf-slim's `create_train_op` puts its update ops in a barrier the loss
+  depends on); otherwise none. One backward walk over the graph, each op
+  once. Variables written in conds (a batch norm whose `training` is a
+  tensor) are found by `writes` too.
+
+  Args:
+    tensors: Tensors or IndexedSlices.
+    probe_name: name of the NoOp that reads the caller's control
+      dependencies.
+  """
+  everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+  if not everything:
+    return []
+  # A NoOp built here carries the caller's `control_dependencies` as its
+  # control inputs: the public way to read them.
+  probe = tf.no_op(name=probe_name)
+  entries = {as_op(u) for u in everything}
+  stack = list(probe.control_inputs)
+  for tensor in tf.nest.flatten(tensors, expand_composites=True):
+    stack.append(tensor.op)
+  found, seen = set(), set()
+  while stack and len(found) < len(entries):
+    op = stack.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    if op in entries:
+      found.add(op)
+    stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+  return [u for u in everything if as_op(u) in found]

@@ -13,7 +13,10 @@ import re
 
 from absl import logging
 import tensorflow as tf
+# Only to keep GUARD_RESULTS out of exported meta graphs (see below).
+from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
+from tf1_safe_train import cond_walk
 from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import fetch_gate
 from tf1_safe_train import rollback
@@ -23,6 +26,10 @@ tf1 = tf.compat.v1
 # Graph collection of the `guard.GuardResult` of every step the wrapper
 # builds (`optimizer.SkipNonFiniteOptimizer` fills it).
 GUARD_RESULTS = "tf1_safe_train_guard_results"
+# They are Python tuples, which a meta-graph export (every checkpoint of a
+# MonitoredTrainingSession) cannot serialize and warns about: export nothing.
+tf_ops.register_proto_function(
+    GUARD_RESULTS, to_proto=lambda result, export_scope=None: None)
 
 # Ops that write the variable (ref or resource handle) of their first input:
 # assigns, scatters, optimizers' apply kernels.
@@ -33,57 +40,33 @@ _WRITE_TYPE = re.compile(
 _FORWARDING_TYPES = frozenset([
     "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter",
     "ReadVariableOp"])
-_V2_CONDS = ("If", "StatelessIf")
 
 
-def _origin(tensor):
-  """The op a tensor comes from, through identities, reads and v1 conds."""
-  op = tensor.op
-  while op.type in _FORWARDING_TYPES and op.inputs:
-    op = op.inputs[0].op
-  return op
+def _origin(tensor, bindings):
+  """The op a tensor comes from, through identities, reads, v1 conds and
+  v2 branch inputs."""
+  return cond_walk.origin(tensor, bindings, through=_FORWARDING_TYPES)
 
 
-def _write(op):
+def _write(op, bindings=None):
   """(write op, op of the variable written, op the written value comes from).
 
   The value's origin tells a rollback (a variable assigned from its shadow)
   from any other write.
   """
-  return (op, _origin(op.inputs[0]),
-          _origin(op.inputs[1]) if len(op.inputs) > 1 else None)
+  bindings = {} if bindings is None else bindings
+  return (op, _origin(op.inputs[0], bindings),
+          _origin(op.inputs[1], bindings) if len(op.inputs) > 1 else None)
 
 
-def _v2_cond_writes(if_op):
-  """`_write`s of a v2 cond's branches, nested, in `if_op`'s graph's terms.
-
-  A branch is a function whose inputs are the cond op's inputs after the
-  predicate: a branch input is followed to the cond's input outside.
-  """
-  found = []
-  for attr in ("then_branch", "else_branch"):
-    body = if_op.graph._get_function(if_op.get_attr(attr).name).graph  # pylint: disable=protected-access
-    outer = dict(zip((t.op for t in body.inputs), if_op.inputs[1:]))
-
-    def outside(op, outer=outer):
-      return _origin(outer[op]) if op in outer else op
-
-    writes = [_write(op) for op in body.get_operations()
-              if _WRITE_TYPE.match(op.type) and op.inputs]
-    for op in body.get_operations():
-      if op.type in _V2_CONDS:
-        writes += _v2_cond_writes(op)
-    found += [(op, outside(target), source and outside(source))
-              for op, target, source in writes]
-  return found
-
-
-def _contexts(op):
-  """`op`'s v1 control-flow context and the ones enclosing it."""
-  context = op._get_control_flow_context()  # pylint: disable=protected-access
-  while context is not None:
-    yield context
-    context = context.outer_context
+def _v2_cond_writes(cond):
+  """`_write`s of a v2 cond's branches, nested, in `cond`'s graph's terms."""
+  if cond_walk.branch_graphs(cond) is None:
+    return []
+  bindings = {}
+  return [_write(op, bindings)
+          for op in cond_walk.branch_ops(cond, bindings)
+          if _WRITE_TYPE.match(op.type) and op.inputs]
 
 
 def decision_contexts(decisions):
@@ -138,10 +121,10 @@ def unguarded_writes(ops, decisions, handled_names=()):
                       if a.op.type == "Identity")
   writes = []
   for op in fetch_gate.ancestors(ops):
-    if op.type in _V2_CONDS and op not in decision_ops:
+    if op.type in cond_walk.V2_COND_OP_TYPES and op not in decision_ops:
       writes += _v2_cond_writes(op)
     elif (_WRITE_TYPE.match(op.type) and op.inputs and
-          not any(c in inside for c in _contexts(op))):
+          not any(c in inside for c in cond_walk.contexts(op))):
       writes.append(_write(op))
   # A rollback (`protect()`) that this run executes assigns a variable from
   # its shadow: that variable is fine, and so is the shadow's own update.

@@ -8,6 +8,8 @@ refused when the graph is built. `rollback` restores what it finds.
 
 import tensorflow as tf
 
+from tf1_safe_train import cond_walk
+
 tf1 = tf.compat.v1
 
 # Op types that write the variable given as their first input.
@@ -26,10 +28,7 @@ _READ_OP_TYPES = frozenset(["ReadVariableOp", "ResourceGather",
                             "VarIsInitializedOp", "IsVariableInitialized"])
 # Op types that create a variable (in a graph's collections or not).
 _VARIABLE_OP_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
-# Op types a variable's handle or ref goes through on its way to the op that
-# writes it (v1 control flow passes it through a Switch or an Enter).
-_HANDLE_OP_TYPES = frozenset(["Identity", "RefIdentity", "Switch", "RefSwitch",
-                              "Enter", "RefEnter"])
+_HANDLE_OP_TYPES = cond_walk.HANDLE_OP_TYPES
 # v1 control flow. A cond hands its result back through a Merge, a loop
 # through an Exit: there the search enters the cond or loop.
 _V1_RESULT_OP_TYPES = frozenset(["Merge", "RefMerge", "Exit", "RefExit"])
@@ -38,8 +37,7 @@ _V1_CONTROL_FLOW_OP_TYPES = _HANDLE_OP_TYPES | _V1_RESULT_OP_TYPES | frozenset(
 # Op types that may take a variable's handle or ref but never write it.
 _NOT_WRITING_OP_TYPES = (_PASS_THROUGH_OP_TYPES | _READ_OP_TYPES |
                          _V1_CONTROL_FLOW_OP_TYPES)
-# v2 conds: functional ops whose branches are FuncGraphs (see _branch_graphs).
-_V2_COND_OP_TYPES = frozenset(["If", "StatelessIf", "Case", "StatelessCase"])
+_V2_COND_OP_TYPES = cond_walk.V2_COND_OP_TYPES
 # Conds that are apply/skip decisions (see register_decision). An attribute
 # of the graph: a module-level map would keep every graph alive.
 _DECISIONS_ATTRIBUTE = "_tf1_safe_train_decisions"
@@ -82,14 +80,7 @@ def register_decision(output):
   decisions.add(op)
 
 
-def _contexts(op):
-  """The v1 cond and loop contexts `op` is built in, innermost first."""
-  ctx = op._get_control_flow_context()  # pylint: disable=protected-access
-  found = []
-  while ctx is not None:
-    found.append(ctx)
-    ctx = ctx.outer_context
-  return found
+_contexts = cond_walk.contexts
 
 
 def op_name(op):
@@ -104,19 +95,6 @@ def in_control_flow(op):
   return bool(_contexts(op)) or op.graph.building_function
 
 
-def _branch_graphs(op):
-  """The FuncGraphs of a v2 cond's branches, or None if they are unknown."""
-  # cond_v2 keeps them on the op (tensorflow/python/ops/cond_v2.py); an
-  # imported graph has only the function names.
-  if op.type in ("If", "StatelessIf"):
-    names = ["_true_graph", "_false_graph"]
-  else:
-    names = ["_branch_graph_%d" % i
-             for i in range(len(op.get_attr("branches")))]
-  graphs = [getattr(op, n, None) for n in names]
-  return None if any(g is None for g in graphs) else graphs
-
-
 class _Search(object):
   """One search of `find_writes`: what it found, and how it names targets."""
 
@@ -129,15 +107,8 @@ class _Search(object):
 
   def target(self, tensor):
     """(variable or None, last op reached) for a handle or a ref."""
-    op = tensor.op
-    while op not in self.var_ops:
-      if op.type in _HANDLE_OP_TYPES:
-        op = op.inputs[0].op
-      elif op in self.bindings:
-        op = self.bindings[op].op
-      else:
-        return None, op
-    return self.var_ops[op], op
+    op = cond_walk.origin(tensor, self.bindings, stop=self.var_ops)
+    return self.var_ops.get(op), op
 
   def record(self, op):
     variable, last = self.target(op.inputs[0])
@@ -181,21 +152,15 @@ class _Search(object):
 
   def scan_branches(self, op):
     """Finds every write in a v2 cond's branches, nested conds included."""
-    graphs = _branch_graphs(op)
-    if graphs is None:
+    if cond_walk.branch_graphs(op) is None:
       self.check_unknown(op)
       return
-    for graph in graphs:
-      for inner, outer in zip(graph.inputs, op.inputs[1:]):  # 0: predicate
-        self.bindings[inner.op] = outer
-      # A function runs all its stateful ops, so every op is looked at.
-      for inner in graph.get_operations():
-        if inner.type in _WRITE_OP_TYPES:
-          self.record(inner)
-        elif inner.type in _V2_COND_OP_TYPES:
-          self.scan_branches(inner)
-        else:
-          self.check_unknown(inner)
+    for inner in cond_walk.branch_ops(op, self.bindings):
+      if inner.type in _WRITE_OP_TYPES:
+        self.record(inner)
+      elif (inner.type not in _V2_COND_OP_TYPES or
+            cond_walk.branch_graphs(inner) is None):
+        self.check_unknown(inner)
 
   def visit(self, op, root):
     """Handles `op`; returns where to follow its inputs: _TOP, _STOP or root.
@@ -287,13 +252,7 @@ def find_writes(update_ops):
 
 
 def written_variables(update_ops):
-  """Returns the variables written by `update_ops`, sorted by name.
-
-  Args:
-    update_ops: as for `find_writes`.
-
-  Returns:
-    A list of variables.
+  """The variables written by `update_ops` (see `find_writes`), by name.
 
   Raises:
     ValueError: as `find_writes`.

@@ -1,0 +1,256 @@
+"""Replication strategies: where a run's towers and state live, who decides.
+
+One class per mode behind one interface, so the runner (`train_lib`) and the
+step (`train_step`) never ask which mode they are in:
+
+  `Local`          one process; state on its CPU, the step decides.
+  `AsyncReplicas`  one worker of a between-graph cluster (`replicas`): state
+                   on the parameter servers, each worker decides on its own
+                   gradients.
+  `SyncReplicas`   the same, but the chief decides on the aggregate of
+                   every worker's gradients (`sync_replicas`).
+
+The interface, in the order the runner uses it:
+  `tower_config`, `is_chief`, `worker_index`, `num_workers`, `liveness`,
+  `stop_grace_secs`         (attributes)
+  `start()`                 before the graph (a cluster's server)
+  `device()`                context the step is built in
+  `tower_devices()`         the towers' full device strings, for reports
+  `statistics(update_ops)`  (statistics deltas decided with the gradients,
+                            update ops the decision rolls back)
+  `decider(guarded)`        what applies the gradients: the step's
+                            `SkipNonFiniteOptimizer`, or what calls it
+  `result(guarded, pairs, tower_nonfinite)`  the `guard.GuardResult`
+                            the reports show
+  `after_build(step)`       ops the end of the run needs
+  `step_hooks()`            hooks that run the step's own machinery
+  `session(scaffold, hooks, stopped_by_signal)`  the MonitoredSession
+  `finish()`, `summary_fields()`  after the session closed
+
+The hooks of a run, in order: the strategy's own (a cluster worker's
+`EndOfRunHook` first, so its `end` precedes the final checkpoint; then the
+chief's summary and checkpoint savers), then the runner's (`train_lib`),
+with `step_hooks()` after its reporting hooks.
+"""
+
+import contextlib
+
+from absl import logging
+import tensorflow as tf
+
+from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import ps_watch
+from tf1_safe_train import replicas
+from tf1_safe_train import rollback
+from tf1_safe_train import sync_replicas
+from tf1_safe_train import towers
+
+tf1 = tf.compat.v1
+
+
+class Local(object):
+  """One process: towers on its devices, state on its CPU."""
+
+  in_cluster = False
+  num_workers = 1
+  liveness = None
+  stop_grace_secs = None
+
+  def __init__(self, params, tower_config=None, master="", is_chief=True,
+               worker_index=0):
+    self.params = params
+    self.tower_config = tower_config or towers.TowerConfig(
+        params.num_towers, params.device)
+    self.master = master
+    self.is_chief = is_chief
+    self.worker_index = worker_index
+
+  def start(self):
+    pass
+
+  def device(self):
+    return contextlib.nullcontext()
+
+  def tower_devices(self):
+    config = self.tower_config
+    return [config.tower_device(i) for i in range(config.num_towers)]
+
+  def statistics(self, update_ops):
+    """In one process the decision rolls the update ops back itself."""
+    return [], update_ops
+
+  def decider(self, guarded):
+    """What the step's gradients are applied with: the guarded wrapper."""
+    return guarded
+
+  def result(self, guarded, pairs, tower_nonfinite):
+    """The `guard.GuardResult` the reports show."""
+    del pairs, tower_nonfinite  # The decision checked every tower's.
+    return guarded.guard_result()
+
+  def after_build(self, step):
+    del step  # Nothing outlives a local run.
+
+  def step_hooks(self):
+    return []
+
+  def session(self, scaffold, hooks, stopped_by_signal):
+    """MonitoredTrainingSession: on the chief, its summary and checkpoint
+    savers run before `hooks` (TF's order, as in a cluster's `session`)."""
+    del stopped_by_signal  # Nobody else waits for this process.
+    params = self.params
+    return tf1.train.MonitoredTrainingSession(
+        master=self.master, is_chief=self.is_chief,
+        checkpoint_dir=params.train_dir, scaffold=scaffold, hooks=hooks,
+        save_checkpoint_steps=params.save_checkpoints_steps,
+        save_summaries_steps=params.save_summaries_steps,
+        log_step_count_steps=None,
+        config=towers.session_config(self.tower_config))
+
+  def finish(self):
+    pass
+
+  def summary_fields(self):
+    """(final reads for the run summary or None, extra summary fields)."""
+    return None, {}
+
+
+class AsyncReplicas(Local):
+  """A worker of a cluster; each worker's step decides alone."""
+
+  in_cluster = True
+  sync = False
+
+  def __init__(self, params, cluster):
+    if cluster.job_name != cluster_lib.WORKER:
+      raise ValueError("train() runs a worker; %s runs "
+                       "serve_parameter_server" % cluster.task_name)
+    super(AsyncReplicas, self).__init__(
+        params, replicas.cluster_tower_config(params, cluster),
+        is_chief=cluster.is_chief, worker_index=cluster.task_index)
+    self.cluster = cluster
+    self.num_workers = cluster.num_workers
+    self.stop_grace_secs = replicas.SIGNAL_GRACE_SECS
+    self._server = None
+    self._end_ops = None
+    self._end_hook = None
+    self._session_config = replicas.cluster_session_config(
+        self.tower_config, cluster)
+
+  @property
+  def liveness(self):
+    return ps_watch.ParameterServerWatch(self.cluster,
+                                         self.params.startup_timeout_secs)
+
+  def start(self):
+    cluster = self.cluster
+    cluster_lib.wait_for_ps(cluster, self.params.startup_timeout_secs)
+    self._server = replicas.start_server(cluster, self.params)
+    self.master = self._server.target
+    logging.info("%s of %s at %s (%s)", cluster.task_name, cluster.cluster,
+                 cluster.address, "synchronous replicas" if self.sync
+                 else "asynchronous replicas")
+
+  def device(self):
+    return tf1.device(replicas.worker_device(self.cluster))
+
+  def tower_devices(self):
+    prefix = replicas.worker_device(self.cluster)
+    return [prefix + d for d in super(AsyncReplicas, self).tower_devices()]
+
+  def statistics(self, update_ops):
+    """Deltas applied with the decision (see `rollback.statistics_deltas`).
+
+    The ps hold the statistics every worker writes: each worker's own
+    writes would race the others' rollbacks.
+    """
+    with tf1.device(self.tower_config.variables_device()):
+      return rollback.statistics_deltas(update_ops), []
+
+  def _close_tokens(self):
+    return None
+
+  def after_build(self, step):
+    self._end_ops = replicas.end_of_run_ops(self.cluster, step.variables,
+                                            self._close_tokens())
+
+  def session(self, scaffold, hooks, stopped_by_signal):
+    """The worker's session. Hook order (explicit):
+
+    1. `EndOfRunHook`: its `end` runs first, so the chief's final checkpoint
+       (2.) comes after every worker's last step;
+    2. on the chief, `CheckpointSaverHook` and `SummarySaverHook`;
+    3. `hooks`, as the runner ordered them.
+    """
+    self._end_hook = replicas.EndOfRunHook(
+        self.cluster, self._end_ops, stopped_by_signal, replicas.END_WAIT_SECS)
+    savers = _chief_savers(self.params, scaffold) if self.is_chief \
+        else []
+    return replicas.cluster_session(
+        self.params, self.cluster, self.master, self._session_config,
+        scaffold, [self._end_hook] + savers + list(hooks))
+
+  def finish(self):
+    replicas.report_done(self._server, self._end_ops, self._session_config,
+                         self.params.startup_timeout_secs)
+
+  def summary_fields(self):
+    cluster = self.cluster
+    return self._end_hook.final if self._end_hook else None, {"cluster": {
+        "num_ps": cluster.num_ps, "num_workers": cluster.num_workers,
+        "task": cluster.task_name, "sync_replicas": self.sync}}
+
+
+def _chief_savers(params, scaffold):
+  """The chief's checkpoint and summary savers (MonitoredTrainingSession's)."""
+  return [
+      tf1.train.CheckpointSaverHook(
+          params.train_dir, save_steps=params.save_checkpoints_steps,
+          scaffold=scaffold),
+      tf1.train.SummarySaverHook(
+          save_steps=params.save_summaries_steps,
+          output_dir=params.train_dir, scaffold=scaffold),
+  ]
+
+
+class SyncReplicas(AsyncReplicas):
+  """A worker of a cluster whose chief decides on the aggregate.
+
+  This worker only pushes its gradients (and statistics deltas) and waits
+  for the sync token; the chief's queue runner averages every replica's and
+  takes the one guarded decision, the loss scale's update included, so all
+  workers train with one scale.
+  """
+
+  sync = True
+
+  def __init__(self, params, cluster):
+    super(SyncReplicas, self).__init__(params, cluster)
+    self.sync_optimizer = None
+
+  def decider(self, guarded):
+    self.sync_optimizer = sync_replicas.sync_optimizer(guarded,
+                                                       self.num_workers)
+    return self.sync_optimizer
+
+  def result(self, guarded, pairs, tower_nonfinite):
+    del guarded  # Its decision runs on the chief: the reports never fetch it.
+    return sync_replicas.replica_view(self.sync_optimizer, pairs,
+                                      tower_nonfinite)
+
+  def _close_tokens(self):
+    return self.sync_optimizer.get_chief_queue_runner().queue.close(
+        cancel_pending_enqueues=False)
+
+  def step_hooks(self):
+    return [sync_replicas.SyncReplicasHook(self.sync_optimizer,
+                                           self.is_chief)]
+
+
+def make(params, cluster=None):
+  """The strategy of a run: `Local`, or this cluster worker's."""
+  if cluster is None:
+    return Local(params)
+  if params.sync_replicas:
+    return SyncReplicas(params, cluster)
+  return AsyncReplicas(params, cluster)

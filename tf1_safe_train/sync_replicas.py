@@ -1,0 +1,95 @@
+"""Synchronous replicas: the chief's one guarded decision on the aggregate.
+
+Each worker pushes its gradients (and statistics deltas) into
+`SyncReplicasOptimizer`'s accumulators on the ps; the chief's queue runner
+averages every replica's and applies the average through the guarded step
+(the step's `SkipNonFiniteOptimizer`), so a NaN in any replica's contribution
+skips the update for everybody, and the loss scale changes once per
+aggregate step, for all workers.
+"""
+
+import tensorflow as tf
+
+from tf1_safe_train import guard
+
+tf1 = tf.compat.v1
+
+
+def sync_optimizer(guarded, num_workers):
+  """`SyncReplicasOptimizer` over the step's `SkipNonFiniteOptimizer`.
+
+  Each worker's `apply_gradients` only pushes its gradients and waits for the
+  sync token, which comes after the chief's decision, applied or skipped:
+  nobody waits for ever because of a skip.
+  """
+  optimizer = tf1.train.SyncReplicasOptimizer(
+      guarded, replicas_to_aggregate=num_workers,
+      total_num_replicas=num_workers)
+  return optimizer
+
+
+def replica_view(optimizer, pairs, tower_nonfinite):
+  """This worker's `guard.GuardResult`-like view of a synchronous step.
+
+  `applied` is True if this worker's own gradients (and statistics deltas)
+  were all finite: the reports never fetch the chief's decision, which
+  would run the aggregate's apply again. `counters` is None.
+
+  Args:
+    optimizer: the `SyncReplicasOptimizer`, after `apply_gradients`.
+    pairs: this worker's (gradient, variable) pairs.
+    tower_nonfinite: bool vector, one flag per tower of this worker.
+  """
+  # SyncReplicasHook runs it (a graph only inspected does not).
+  optimizer.ready_for_local_init_op.mark_used()
+  flags = guard.nonfinite_flags([g for g, _ in pairs if g is not None])
+  applied = tf.logical_not(tf.logical_or(tf.reduce_any(tower_nonfinite),
+                                         tf.reduce_any(flags)),
+                           name="replica_finite")
+  return guard.GuardResult(
+      train_op=None, applied=applied, nonfinite_flags=flags,
+      variable_names=[v.op.name for g, v in pairs if g is not None],
+      counters=None, update_flags=tf.zeros([0], tf.bool),
+      update_variable_names=[])
+
+
+class SyncReplicasHook(tf1.train.SessionRunHook):
+  """`SyncReplicasOptimizer.make_session_run_hook`, with a quiet ending.
+
+  Runs the optimizer's initialisation ops and, on the chief, the queue
+  runner that applies the aggregates. At the end that thread may still wait
+  in the gradient accumulators for replicas that have stopped; closing the
+  session cancels it, which TF's own queue runner reports as a crash
+  (a traceback after every clean run). Here a cancelled run ends the thread
+  like a closed queue does.
+  """
+
+  def __init__(self, sync_optimizer, is_chief):
+    self._optimizer = sync_optimizer
+    self._is_chief = is_chief
+    self._init_ops = []
+    self._queue_runner = None
+
+  def begin(self):
+    optimizer = self._optimizer
+    if not self._is_chief:
+      self._init_ops = [optimizer.local_step_init_op]
+      return
+    self._init_ops = [optimizer.chief_init_op, optimizer.get_init_tokens_op()]
+    runner = optimizer.get_chief_queue_runner()
+    self._queue_runner = tf1.train.QueueRunner(
+        runner.queue, runner.enqueue_ops,
+        queue_closed_exception_types=(tf.errors.OutOfRangeError,
+                                      tf.errors.CancelledError))
+
+  def after_create_session(self, session, coord):
+    # As TF's hook: the session creator has already waited for this.
+    not_ready = session.run(self._optimizer.ready_for_local_init_op)
+    if not_ready.size:
+      raise RuntimeError("variables not initialised for the sync replicas: "
+                         "%s" % ", ".join(v.decode() for v in not_ready))
+    for op in self._init_ops:
+      session.run(op)
+    if self._queue_runner is not None:
+      self._queue_runner.create_threads(session, coord=coord, daemon=True,
+                                        start=True)

@@ -1,0 +1,292 @@
+"""The trainer's step: towers -> averaged gradients -> one guarded decision.
+
+`tower_loss_and_grads` computes one tower's loss and gradients (input ->
+model -> loss -> loss scale -> gradients -> drill); `build_step` builds the
+whole step in the default graph and returns a `Step`.
+
+A gradient's path, module by module (four; it never enters the runner,
+`train_lib`, nor the strategy, `replication`, which only chooses what the
+gradients are applied with):
+  1. `train_step.tower_loss_and_grads`: computed in its tower
+     (`DynamicLossScale.gradients` scales, differentiates, unscales; the
+     drill's `TowerDrill.grads` may poison it);
+  2. `towers.average_gradients`: averaged over the towers;
+  3. `optimizer.SkipNonFiniteOptimizer.apply_gradients`, the library's one
+     guarded step (the public wrapper), called here (`build_step`) or, with
+     sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
+     aggregate of every worker's;
+  4. `guard.guarded_apply`: checked, then the `tf.cond` whose apply branch
+     calls back `train_step._Update.apply_gradients` (clip, apply,
+     statistics, EMA).
+"""
+
+import collections
+
+import tensorflow as tf
+
+from tf1_safe_train import counters as counters_lib
+from tf1_safe_train import data
+from tf1_safe_train import drill as drill_lib
+from tf1_safe_train import guard
+from tf1_safe_train import loss_scale as loss_scale_lib
+from tf1_safe_train import models
+from tf1_safe_train import optimization
+from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train import precision
+from tf1_safe_train import rollback
+from tf1_safe_train import step_summaries
+from tf1_safe_train import towers
+
+tf1 = tf.compat.v1
+
+Step = collections.namedtuple("Step", [
+    "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
+    "report", "totals", "loss_scale", "loss_scale_before", "variables"])
+Step.__doc__ = """Tensors of one training step (reads ordered after it).
+
+Attributes:
+  train_op: runs the step.
+  step_index: global_step read before the step (the drill's and reports').
+  loss, learning_rate: float32 scalars.
+  applied: bool scalar; with sync replicas this worker's own view (True =
+    its gradients were all finite), the aggregate's decision shows in the
+    counters.
+  counters: `counters.SkipCounters` read after the step.
+  report: `SkipReport` of the step (what `hooks.SkipReportHook` fetches).
+  totals: dict of reads after the step for the run summary: global_step,
+    counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
+  loss_scale: `loss_scale.LossScaleState` read after the step, or None.
+  loss_scale_before: the scale the step's loss was multiplied by, or None.
+  variables: the state variables themselves (unordered reads): global_step,
+    counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
+"""
+
+SkipReport = collections.namedtuple("SkipReport", [
+    "tower_flags", "average_flags", "variable_names", "tower_devices"])
+
+
+def _weight_decay_loss(rate):
+  weights = [v for v in tf1.trainable_variables()
+             if v.op.name.endswith("weights")]
+  if not rate or not weights:
+    return None
+  with tf1.name_scope("weight_decay"):
+    return rate * tf.add_n([tf.nn.l2_loss(w) for w in weights])
+
+
+def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
+                         tower_drill, loss_scale=None, scale=None):
+  """One tower's loss and (float32, unscaled) gradients.
+
+  With --precision=fp16|bf16 the tower computes in that dtype on float32
+  master weights; with a `loss_scale` it differentiates the loss times
+  `scale` and divides the gradients back (`DynamicLossScale.gradients`).
+  """
+  images = tower_drill.input(images)
+  compute_dtype = precision.compute_dtype(params.precision)
+  if compute_dtype == tf.float32:
+    logits = model_fn(images, is_training=True, num_classes=data.NUM_CLASSES)
+  else:
+    with precision.float32_master_weights():
+      logits = model_fn(tf.cast(images, compute_dtype), is_training=True,
+                        num_classes=data.NUM_CLASSES)
+    logits = tf.cast(logits, tf.float32)
+  loss = tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=tf.cast(labels, tf.int32), logits=logits))
+  decay = _weight_decay_loss(params.weight_decay)
+  if decay is not None:
+    loss += decay
+  loss = tower_drill.loss(loss)
+  kwargs = dict(var_list=tf1.trainable_variables(),
+                colocate_gradients_with_ops=True)
+  if loss_scale is None:
+    grads_and_vars = optimizer.compute_gradients(loss, **kwargs)
+  else:
+    grads_and_vars = loss_scale.gradients(optimizer.compute_gradients, loss,
+                                          scale, **kwargs)
+  return loss, tower_drill.grads(grads_and_vars)
+
+
+class _Update(tf1.train.Optimizer):
+  """The update of an applied step: clip, apply, statistics, EMA.
+
+  What `optimizer.SkipNonFiniteOptimizer` wraps for the trainer: the
+  wrapper's decision calls `apply_gradients` inside its apply branch.
+  """
+
+  def __init__(self, params, optimizer, statistics, applied_steps):
+    super(_Update, self).__init__(use_locking=False, name="update")
+    self._params = params
+    self._optimizer = optimizer
+    self._statistic_ids = set(id(v) for _, v in statistics)
+    self._statistics = [v for _, v in statistics]
+    self._applied_steps = applied_steps
+
+  def _create_slots(self, var_list):
+    # pylint: disable=protected-access
+    self._optimizer._create_slots(
+        [v for v in var_list if id(v) not in self._statistic_ids])
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    del global_step, name  # The wrapper advances it; the guard names.
+    params, ids = self._params, self._statistic_ids
+    model_pairs = [(g, v) for g, v in grads_and_vars if id(v) not in ids]
+    if params.clip_gradient_norm:
+      model_pairs, _ = optimization.clip_by_global_norm(
+          model_pairs, params.clip_gradient_norm)
+    update = self._optimizer.apply_gradients(model_pairs)
+    if self._statistics:
+      writes = [v.assign_sub(d, read_value=False)
+                for d, v in grads_and_vars if id(v) in ids]
+      with tf1.control_dependencies([update] + writes):
+        # Shadows as on one machine, so checkpoints stay interchangeable.
+        update = rollback.Rollback(self._statistics).commit()
+    if not params.moving_average_decay:
+      return update
+    ema = tf1.train.ExponentialMovingAverage(
+        params.moving_average_decay, num_updates=self._applied_steps)
+    with tf1.control_dependencies([update]):
+      return ema.apply(tf1.trainable_variables())
+
+
+def _glue_to_tower0(tower_flags, flags):
+  """`tower_flags` with columns `flags` in tower 0's row, False elsewhere.
+
+  The statistics come from tower 0 (as in model_deploy): its row reports
+  them.
+  """
+  none = tf.zeros_like(flags)
+  rows = [flags] + [none] * (tower_flags.shape[0] - 1)
+  return tf.concat([tower_flags, tf.stack(rows)], axis=1)
+
+
+def _input(params, worker_index, dataset_fn):
+  with tf.device("/device:CPU:0"), tf1.name_scope("input"):
+    # Each worker of a cluster shuffles its own way (worker 0 as alone).
+    seed = params.seed + worker_index
+    if dataset_fn is None:
+      dataset = data.get_dataset(params.dataset, "train", params.batch_size,
+                                 data_dir=params.data_dir, seed=seed)
+    else:
+      dataset = dataset_fn(params.batch_size, seed)
+    return tf1.data.make_one_shot_iterator(dataset)
+
+
+def build_step(params, strategy, dataset_fn=None):
+  """Builds the training step in the default graph.
+
+  Args:
+    params: validated `params.TrainParams`.
+    strategy: the run's `replication` strategy (placement, decision).
+    dataset_fn: optional `dataset_fn(batch_size, seed)` returning the
+      training `tf.data.Dataset` of (float32 images [batch_size, H, W, 3],
+      int32 labels [batch_size]) batches, repeated; each tower takes its own
+      batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
+
+  Returns:
+    A `Step`.
+  """
+  config = strategy.tower_config
+  num_towers = config.num_towers
+  drill = drill_lib.Drill.of(params, num_towers, strategy.num_workers)
+  model_fn = models.get_model(params.model)
+
+  with tf1.device(config.variables_device()):
+    global_step = tf1.train.get_or_create_global_step()
+    counters = counters_lib.skip_counters()
+    # Shared by the workers of a cluster: tower i counts for tower i of
+    # every worker (the skip reports name the worker).
+    nonfinite_by_tower = tf1.Variable(
+        tf.zeros([num_towers], tf.int64), trainable=False,
+        name="nonfinite_steps_by_tower")
+    max_seen = tf1.Variable(tf.constant(0, tf.int64), trainable=False,
+                            name="max_consecutive_skips_seen")
+    # Read once per step; the drill and the reports use the same value.
+    step_index = tf.identity(global_step.read_value(), name="step_index")
+    schedule_step = (counters.applied_steps
+                     if params.lr_schedule_step == "applied_steps"
+                     else global_step)
+    learning_rate = optimization.learning_rate(
+        params.lr_schedule, params.learning_rate, schedule_step.read_value(),
+        params.max_steps)
+    optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
+    loss_scale, scale = None, None
+    if params.precision == "fp16":
+      loss_scale = loss_scale_lib.DynamicLossScale(
+          params.initial_loss_scale, params.loss_scale_growth_steps)
+      # Read once per step, before the decision that may change it.
+      scale = tf.identity(loss_scale.scale(), name="loss_scale_value")
+
+  iterator = _input(params, strategy.worker_index, dataset_fn)
+
+  def tower_fn(i):
+    images, labels = iterator.get_next()
+    loss, grads_and_vars = tower_loss_and_grads(
+        params, images, labels, model_fn, optimizer,
+        drill.tower(step_index, i, strategy.worker_index), loss_scale, scale)
+    return loss, grads_and_vars, guard.nonfinite_flags(
+        [g for g, _ in grads_and_vars])
+
+  outputs = towers.build_towers(config, tower_fn)
+  tower_flags = tf.stack([flags for _, _, flags in outputs])
+  grads_and_vars = towers.average_gradients([gv for _, gv, _ in outputs])
+  # Like model_deploy: batch-norm statistics come from the first tower.
+  statistics, update_ops = strategy.statistics(tf1.get_collection(
+      tf1.GraphKeys.UPDATE_OPS, config.tower_scope(0)))
+  if statistics:
+    tower_flags = _glue_to_tower0(
+        tower_flags, guard.nonfinite_flags([d for d, _ in statistics]))
+
+  # The one guarded step of the library (the public wrapper), deciding
+  # where the strategy says: here, or on the chief for the aggregate.
+  guarded = optimizer_lib.SkipNonFiniteOptimizer(
+      _Update(params, optimizer, statistics, counters.applied_steps),
+      increment_global_step_on_skip=params.increment_global_step_on_skip,
+      update_ops=update_ops, loss_scale=loss_scale, name="guarded_step")
+  with tf1.device(config.variables_device()):
+    pairs = list(grads_and_vars) + statistics
+    with tf1.control_dependencies([step_index]):
+      step_op = strategy.decider(guarded).apply_gradients(
+          pairs, global_step=global_step)
+    tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
+    result = strategy.result(guarded, pairs, tower_nonfinite)
+    average_flags, names = result.nonfinite_flags, result.variable_names
+    if result.update_variable_names:
+      # The checked statistics are tower 0's (as in a cluster).
+      tower_flags = _glue_to_tower0(tower_flags, result.update_flags)
+      tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
+      average_flags = tf.concat(
+          [average_flags, tf.zeros_like(result.update_flags)], axis=0)
+      names = names + result.update_variable_names
+    with tf1.control_dependencies([step_op]):
+      totals = [
+          tf1.assign_add(nonfinite_by_tower,
+                         tf.cast(tower_nonfinite, tf.int64)),
+          tf1.assign(max_seen, tf.maximum(
+              max_seen.read_value(), counters.consecutive_skips.read_value())),
+      ]
+    train_op = tf.group(step_op, *totals, name="train_op")
+    after = counters_lib.read_after(counters, train_op)
+    with tf1.control_dependencies([train_op]):
+      totals = {
+          "global_step": tf.identity(global_step.read_value()),
+          "counters": after,
+          "nonfinite_steps_by_tower": tf.identity(
+              nonfinite_by_tower.read_value()),
+          "max_consecutive_skips_seen": tf.identity(max_seen.read_value())}
+    loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
+
+  step = Step(
+      train_op=train_op, step_index=step_index, loss=loss,
+      learning_rate=learning_rate, applied=result.applied, counters=after,
+      report=SkipReport(tower_flags, average_flags, names,
+                        strategy.tower_devices()),
+      totals=totals,
+      loss_scale=loss_scale.read_after(train_op) if loss_scale else None,
+      loss_scale_before=scale,
+      variables={"global_step": global_step, "counters": counters,
+                 "nonfinite_steps_by_tower": nonfinite_by_tower,
+                 "max_consecutive_skips_seen": max_seen})
+  step_summaries.add(step)
+  return step
