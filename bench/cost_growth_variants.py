@@ -22,8 +22,9 @@ from tf1_safe_train import counters as counters_lib
 from tf1_safe_train import models
 from tf1_safe_train import optimizer as optimizer_lib
 from tf1_safe_train import params as params_lib
+from tf1_safe_train import replication
 from tf1_safe_train import towers
-from tf1_safe_train import train_lib
+from tf1_safe_train import train_step
 
 tf1 = tf.compat.v1
 
@@ -153,7 +154,7 @@ def _build_wrapper(workload, config, images, labels):
 
 
 def _build_trainer(workload, config, images, labels):
-  """`train_lib.build_train_graph`, the trainer's own step, on `config`."""
+  """`train_step.build_step`, the trainer's own step, on `config`."""
   params = params_lib.TrainParams(
       # A dense stack is swapped in for the model below; the name only
       # passes validation.
@@ -165,12 +166,12 @@ def _build_trainer(workload, config, images, labels):
   # The trainer builds registered models only; the dense stack goes in
   # through the lookup it calls (the variable count is checked after).
   fn = model_fn(workload)
-  with mock.patch.object(train_lib.models, "get_model",
+  with mock.patch.object(train_step.models, "get_model",
                          lambda unused_name: fn):
-    graph = train_lib.build_train_graph(
-        params, config,
+    step = train_step.build_step(
+        params, replication.Local(params, config),
         dataset_fn=lambda unused_batch, unused_seed: _dataset(images, labels))
-  return graph.train_op, _no_skips()
+  return step.train_op, _no_skips()
 
 
 def _build_loss_scale(workload, config, images, labels):
