@@ -20,6 +20,8 @@ import re
 import socket
 import time
 
+from tf1_safe_train import checks
+
 PS = "ps"
 WORKER = "worker"
 JOB_NAMES = (PS, WORKER)
@@ -128,8 +130,7 @@ class ClusterConfig(object):
               " (list the chief as worker 0)"
               if self.job_name in _OTHER_TF_CONFIG_JOBS else ""))
     count = len(getattr(self, self.job_name))
-    if isinstance(self.task_index, bool) or not isinstance(self.task_index,
-                                                           int):
+    if not checks.is_int(self.task_index):
       # "0" or true would otherwise read as "out of range" (JSON has no
       # integer type of its own: a string or a boolean is a typing slip).
       raise ClusterSpecError("task index %s must be an integer (0..%d for "

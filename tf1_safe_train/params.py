@@ -9,6 +9,8 @@ value.
 import dataclasses
 import math
 
+from tf1_safe_train import checks
+
 MODELS = ("small_cnn", "resnet20")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DATASETS = ("synthetic", "cifar10")
@@ -37,8 +39,7 @@ def _check_finite_floats(params):
   """
   for field in dataclasses.fields(params):
     value = getattr(params, field.name)
-    if field.type in (float, "float") and isinstance(value, (int, float)) and (
-        not isinstance(value, bool)):
+    if field.type in (float, "float") and checks.is_number(value):
       _check(math.isfinite(value), "--%s=%r: must be a finite number",
              field.name, value)
 
@@ -94,10 +95,10 @@ class TrainParams(object):
     """Returns self if every field is valid; raises ParamsError otherwise."""
     _check_model_and_data(self, "data_batch_*.bin")
     _check_finite_floats(self)
-    _check(_is_int(self.num_towers) and self.num_towers >= 1,
+    _check(checks.is_int(self.num_towers) and self.num_towers >= 1,
            "--num_towers=%r: must be an integer >= 1", self.num_towers)
     _check_one_of("device", self.device, DEVICES)
-    _check(_is_int(self.batch_size) and self.batch_size >= 1,
+    _check(checks.is_int(self.batch_size) and self.batch_size >= 1,
            "--batch_size=%r: must be an integer >= 1 (per tower)",
            self.batch_size)
     _check_one_of("optimizer", self.optimizer, OPTIMIZERS)
@@ -113,24 +114,24 @@ class TrainParams(object):
     _check(0 <= self.moving_average_decay < 1,
            "--moving_average_decay=%r: must be in [0, 1) (0 = off)",
            self.moving_average_decay)
-    _check(_is_int(self.max_steps) and self.max_steps >= 1,
+    _check(checks.is_int(self.max_steps) and self.max_steps >= 1,
            "--max_steps=%r: must be an integer >= 1", self.max_steps)
-    _check(_is_int(self.max_consecutive_skips) and
+    _check(checks.is_int(self.max_consecutive_skips) and
            self.max_consecutive_skips >= 0,
            "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
            "give up)", self.max_consecutive_skips)
     for name in ("save_checkpoints_steps", "save_summaries_steps",
                  "log_every_n_steps"):
       value = getattr(self, name)
-      _check(_is_int(value) and value >= 1, "--%s=%r: must be an integer >= 1",
+      _check(checks.is_int(value) and value >= 1, "--%s=%r: must be an integer >= 1",
              name, value)
     _check_one_of("inject_into", self.inject_into, INJECT_INTO)
-    _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
+    _check(checks.is_int(self.seed), "--seed=%r: must be an integer", self.seed)
     _check_one_of("precision", self.precision, PRECISIONS)
     _check(1 <= self.initial_loss_scale <= 2.0**127,
            "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",
            self.initial_loss_scale)
-    _check(_is_int(self.loss_scale_growth_steps) and
+    _check(checks.is_int(self.loss_scale_growth_steps) and
            self.loss_scale_growth_steps >= 1,
            "--loss_scale_growth_steps=%r: must be an integer >= 1",
            self.loss_scale_growth_steps)
@@ -144,8 +145,7 @@ class TrainParams(object):
     _check(not self.sync_replicas or self.increment_global_step_on_skip,
            "--sync_replicas needs --increment_global_step_on_skip (the "
            "replicas' sync tokens carry global_step)")
-    _check(isinstance(self.startup_timeout_secs, (int, float)) and
-           not isinstance(self.startup_timeout_secs, bool) and
+    _check(checks.is_number(self.startup_timeout_secs) and
            self.startup_timeout_secs > 0,
            "--startup_timeout_secs=%r: must be > 0", self.startup_timeout_secs)
     return self
@@ -171,13 +171,9 @@ class EvalParams(object):
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
     _check_model_and_data(self, "test_batch.bin")
-    _check(_is_int(self.batch_size) and self.batch_size >= 1,
+    _check(checks.is_int(self.batch_size) and self.batch_size >= 1,
            "--batch_size=%r: must be an integer >= 1", self.batch_size)
-    _check(_is_int(self.max_examples) and self.max_examples >= 0,
+    _check(checks.is_int(self.max_examples) and self.max_examples >= 0,
            "--max_examples=%r: must be an integer >= 0 (0 = all)",
            self.max_examples)
     return self
-
-
-def _is_int(value):
-  return isinstance(value, int) and not isinstance(value, bool)
