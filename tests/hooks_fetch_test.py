@@ -80,8 +80,11 @@ class EvaluationFetchTest(tf.test.TestCase):
         sess.run(train_op, {x: test_util.GOOD_X})
         self.assertEqual(every["stats"].latest["global_step"], 1)
         self.assertEqual(every["stats"].latest["counters"].applied_steps, 1)
-        sess.run(train_op, {x: test_util.NAN_X})
-        self.assertLen(every["skip_report"].reports, 1)
+        with self.assertLogs(level="WARNING") as logs:
+          sess.run(train_op, {x: test_util.NAN_X})
+        skip_reports = [r for r in logs.records if r.filename == "hooks.py"
+                        and r.getMessage().startswith("skipped step 1:")]
+        self.assertLen(skip_reports, 1)
         self.assertLen(every["report"].reports, 1)
         self.assertTrue(every["give_up"].gave_up)
         self.assertTrue(sess.should_stop())
