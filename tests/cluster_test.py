@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import binaries
 from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import cluster_flags
 from tf1_safe_train import injection
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import replicas
@@ -102,14 +103,14 @@ class TfConfigTest(tf.test.TestCase):
 class FlagsTest(tf.test.TestCase):
 
   def testParsesFlags(self):
-    config = cluster_lib.from_flags("h0:1", "h1:1, h2:1", "worker", 1)
+    config = cluster_flags.from_flags("h0:1", "h1:1, h2:1", "worker", 1)
     self.assertEqual(config.cluster, {"ps": ["h0:1"],
                                       "worker": ["h1:1", "h2:1"]})
     self.assertEqual(config.task_name, "worker 1")
 
   def testNoFlagsMeansOneMachine(self):
-    self.assertIsNone(cluster_lib.from_flags())
-    self.assertIsNone(cluster_lib.resolve(None))
+    self.assertIsNone(cluster_flags.from_flags())
+    self.assertIsNone(cluster_flags.resolve(None))
 
   def testRejectsIncompleteFlags(self):
     cases = [
@@ -124,16 +125,16 @@ class FlagsTest(tf.test.TestCase):
     for args, expected in cases:
       with self.subTest(args=args):
         with self.assertRaises(cluster_lib.ClusterSpecError) as e:
-          cluster_lib.from_flags(*args)
+          cluster_flags.from_flags(*args)
         self.assertIn(expected, str(e.exception))
 
   def testTfConfigAndFlagsTogetherIsAnError(self):
     self.assertEqual(
-        cluster_lib.resolve(_tf_config(), "", "", "", 0).task_name,
+        cluster_flags.resolve(_tf_config(), "", "", "", 0).task_name,
         "worker 0")
     with self.assertRaisesRegex(cluster_lib.ClusterSpecError,
                                 "given twice"):
-      cluster_lib.resolve(_tf_config(), "h0:1", "h1:1", "worker", 0)
+      cluster_flags.resolve(_tf_config(), "h0:1", "h1:1", "worker", 0)
 
 
 class WaitForPsTest(tf.test.TestCase):
@@ -142,13 +143,13 @@ class WaitForPsTest(tf.test.TestCase):
     with socket.socket() as listener:
       listener.bind(("127.0.0.1", 0))
       listener.listen(1)
-      config = cluster_lib.from_flags(
+      config = cluster_flags.from_flags(
           "127.0.0.1:%d" % listener.getsockname()[1], "127.0.0.1:1",
           "worker", 0)
       cluster_lib.wait_for_ps(config, timeout_secs=5)
 
   def testGivesUpAfterTheTimeout(self):
-    config = cluster_lib.from_flags("127.0.0.1:%d" % _closed_port(),
+    config = cluster_flags.from_flags("127.0.0.1:%d" % _closed_port(),
                                     "127.0.0.1:1", "worker", 0)
     start = time.monotonic()
     with self.assertRaisesRegex(cluster_lib.ClusterUnreachableError,
