@@ -1,9 +1,9 @@
 """The README's and docs' promises that a test can check.
 
 README.md and every docs/*.md page: each python block after a readme-run
-marker runs as written, every `tf1_safe_train.<name>` they mention exists, and
-each generated flags table equals the one the flag declarations give (and
-those are the flags the binary defines).
+marker runs as written, every `tf1_safe_train.<name>`, Bazel target and file
+they mention exists, and each generated flags table equals the one the flag
+declarations give (and those are the flags the binary defines).
 """
 
 import glob
@@ -44,9 +44,18 @@ def _root():
   return os.path.join(os.path.dirname(__file__), os.pardir)
 
 
-def _read(page):
-  with open(os.path.join(_root(), page)) as f:
+def _read(page, root=None):
+  with open(os.path.join(root or _root(), page)) as f:
     return f.read()
+
+
+def _source_root():
+  """The repository itself, where every file and BUILD file is.
+
+  Under Bazel the runfiles hold only this test's inputs; README.md there is
+  a link into the source tree.
+  """
+  return os.path.dirname(os.path.realpath(os.path.join(_root(), "README.md")))
 
 
 def _pages():
@@ -136,6 +145,25 @@ class ReadmeTest(tf.test.TestCase):
     readme = _readme()
     self.assertIn("./bazelw run //:train -- ", readme)
     self.assertIn("./bazelw test //...", readme)
+
+  def testEveryBazelTargetItRunsExists(self):
+    for page in _pages():
+      for package, name in sorted(set(re.findall(
+          r"//([\w/]*):(\w+)", _read(page)))):
+        if name == "all":
+          continue
+        with self.subTest(page=page, target="//%s:%s" % (package, name)):
+          build = _read(os.path.join(package, "BUILD"), _source_root())
+          self.assertRegex(build, r'name = "%s"' % name)
+
+  def testEveryFileItNamesExists(self):
+    for page in _pages():
+      for path in sorted(set(re.findall(
+          r"\b((?:tests|tf1_safe_train|bench|examples|docs)/[\w/.]+"
+          r"\.(?:py|md))", _read(page)))):
+        with self.subTest(page=page, path=path):
+          self.assertTrue(
+              os.path.exists(os.path.join(_source_root(), path)), path)
 
   def testFlagsTablesAreTheDeclaredFlags(self):
     tables = {}
