@@ -250,6 +250,10 @@ class StopAtStepHook(tf1.train.StopAtStepHook):
   and then stops before the first step.
   """
 
+  def __init__(self, last_step):
+    # Keyword: TensorFlow's first positional argument is num_steps.
+    super().__init__(last_step=last_step)
+
   def after_create_session(self, session, coord):
     super().after_create_session(session, coord)
     step = session.run(self._global_step_tensor)
