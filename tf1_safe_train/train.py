@@ -1,4 +1,4 @@
-r"""`//:train`: the multi-tower trainer. Flags live here and only here.
+r"""`//:train`: the multi-tower trainer. Flags are defined here and only here.
 
   ./bazelw run //:train -- --num_towers=2 --max_steps=600 \
       --inject_nonfinite=nan@100:1,inf@300:0 --train_dir=/tmp/run1
