@@ -22,7 +22,7 @@ import uuid
 import tensorflow as tf
 
 import binaries
-from tf1_safe_train import local_cluster
+from tf1_safe_train import local_cluster_lib
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import replicas
 
@@ -82,7 +82,7 @@ class ClusterEndsTest(tf.test.TestCase):
 
   def testWorkerExitsWithOneLineWhenItsPsIsLost(self):
     train_dir = self._train_dir()
-    ports = local_cluster.free_ports(2)
+    ports = local_cluster_lib.free_ports(2)
     cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                "worker": ["127.0.0.1:%d" % ports[1]]}
     flags = (["--train_dir=" + train_dir, "--startup_timeout_secs=5"] +
@@ -189,7 +189,7 @@ class RestartedChiefTest(tf.test.TestCase):
 
   def testRestartedChiefKeepsTheLiveParameterServerState(self):
     train_dir = self.get_temp_dir()
-    cluster = local_cluster.make_cluster(num_ps=1, num_workers=1)
+    cluster = local_cluster_lib.make_cluster(num_ps=1, num_workers=1)
     params = params_lib.TrainParams(num_towers=1, device="cpu")
     self._ps = replicas.start_server(cluster.for_task("ps", 0), params)
     self._worker = replicas.start_server(cluster, params)

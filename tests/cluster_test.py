@@ -1,4 +1,4 @@
-"""Cluster specs (TF_CONFIG and flags), worker graphs' placement, CLI errors."""
+"""Cluster specs (TF_CONFIG), worker graphs' placement, CLI errors."""
 
 import json
 import os
@@ -101,57 +101,21 @@ class TfConfigTest(tf.test.TestCase):
                      ("::1", 2223))
 
 
-class FlagsTest(tf.test.TestCase):
-
-  def testParsesFlags(self):
-    config = cluster_lib.from_flags("h0:1", "h1:1, h2:1", "worker", 1)
-    self.assertEqual(config.cluster, {"ps": ["h0:1"],
-                                      "worker": ["h1:1", "h2:1"]})
-    self.assertEqual(config.task_name, "worker 1")
-
-  def testNoFlagsMeansOneMachine(self):
-    self.assertIsNone(cluster_lib.from_flags())
-    self.assertIsNone(cluster_lib.resolve(None))
-
-  def testRejectsIncompleteFlags(self):
-    cases = [
-        (("h0:1", "", "worker", 0), "--worker_hosts is required"),
-        (("h0:1", "h1:1", "", 0), "--job_name is required"),
-        (("", "", "", 3), "--task_index=3 needs"),
-        (("", "h1:1", "worker", 0), "no ps task"),
-        (("h0:1", "h1:1,", "worker", 0), "stray comma"),
-        (("h0:1", "h1:1", "master", 0), "'master' is unknown"),
-        (("h0:1", "h1:1", "ps", 1), "out of range: there are 1 ps"),
-    ]
-    for args, expected in cases:
-      with self.subTest(args=args):
-        with self.assertRaises(cluster_lib.ClusterSpecError) as e:
-          cluster_lib.from_flags(*args)
-        self.assertIn(expected, str(e.exception))
-
-  def testTfConfigAndFlagsTogetherIsAnError(self):
-    self.assertEqual(
-        cluster_lib.resolve(_tf_config(), "", "", "", 0).task_name,
-        "worker 0")
-    with self.assertRaisesRegex(cluster_lib.ClusterSpecError,
-                                "given twice"):
-      cluster_lib.resolve(_tf_config(), "h0:1", "h1:1", "worker", 0)
-
-
 class WaitForPsTest(tf.test.TestCase):
 
   def testReturnsWhenPsListens(self):
     with socket.socket() as listener:
       listener.bind(("127.0.0.1", 0))
       listener.listen(1)
-      config = cluster_lib.from_flags(
-          "127.0.0.1:%d" % listener.getsockname()[1], "127.0.0.1:1",
-          "worker", 0)
+      config = cluster_lib.ClusterConfig(
+          ps=["127.0.0.1:%d" % listener.getsockname()[1]],
+          worker=["127.0.0.1:1"], job_name="worker", task_index=0)
       cluster_lib.wait_for_ps(config, timeout_secs=5)
 
   def testGivesUpAfterTheTimeout(self):
-    config = cluster_lib.from_flags("127.0.0.1:%d" % _closed_port(),
-                                    "127.0.0.1:1", "worker", 0)
+    config = cluster_lib.ClusterConfig(
+        ps=["127.0.0.1:%d" % _closed_port()], worker=["127.0.0.1:1"],
+        job_name="worker", task_index=0)
     start = time.monotonic()
     with self.assertRaisesRegex(cluster_lib.ClusterUnreachableError,
                                 r"ps 0 at 127.0.0.1:\d+ is unreachable "
@@ -165,20 +129,6 @@ def _closed_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
-
-
-class ParamsTest(tf.test.TestCase):
-
-  def testSyncReplicasNeedsGlobalStepOnSkip(self):
-    with self.assertRaisesRegex(params_lib.ParamsError,
-                                "--sync_replicas needs"):
-      params_lib.TrainParams(sync_replicas=True,
-                             increment_global_step_on_skip=False).validate()
-
-  def testStartupTimeoutMustBePositive(self):
-    with self.assertRaisesRegex(params_lib.ParamsError,
-                                "--startup_timeout_secs=0"):
-      params_lib.TrainParams(startup_timeout_secs=0).validate()
 
 
 class WorkerGraphTest(tf.test.TestCase):

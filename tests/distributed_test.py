@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import binaries
-from tf1_safe_train import local_cluster
+from tf1_safe_train import local_cluster_lib
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import replicas
 from tf1_safe_train import run_summary
@@ -223,7 +223,7 @@ class DistributedTrainTest(tf.test.TestCase):
 
   def testRestartedWorkerRejoinsAndTheRunFinishes(self):
     train_dir = self._train_dir()
-    ports = local_cluster.free_ports(3)
+    ports = local_cluster_lib.free_ports(3)
     cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
     flags = ["--train_dir=" + train_dir, "--sync_replicas", "--max_steps=30",
@@ -294,7 +294,7 @@ class InProcessClusterTest(tf.test.TestCase):
         save_summaries_steps=1000, log_every_n_steps=4, sync_replicas=sync,
         inject_into="input", inject_nonfinite="nan@4-5",
         max_consecutive_skips=0).validate()
-    cluster = local_cluster.make_cluster(num_ps=1, num_workers=1)
+    cluster = local_cluster_lib.make_cluster(num_ps=1, num_workers=1)
     ps = threading.Thread(target=replicas.serve_parameter_server,
                           args=(cluster.for_task("ps", 0), params),
                           daemon=True)
@@ -347,7 +347,7 @@ class LocalClusterLauncherTest(tf.test.TestCase):
 
   def _launcher(self, marker, *actions, **kwargs):
     self._out, self._err = _Lines(), _Lines()
-    return local_cluster.LocalCluster(
+    return local_cluster_lib.LocalCluster(
         1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker],
         list(actions), out=self._out, err=self._err, **kwargs)
 
@@ -400,8 +400,8 @@ class LocalClusterLauncherTest(tf.test.TestCase):
 
   def testTasksDieWithAKilledLauncher(self):
     marker = "marker_" + uuid.uuid4().hex
-    script = ("import sys\nfrom tf1_safe_train import local_cluster\n"
-              "local_cluster.LocalCluster(1, 2, lambda t: [sys.executable, "
+    script = ("import sys\nfrom tf1_safe_train import local_cluster_lib\n"
+              "local_cluster_lib.LocalCluster(1, 2, lambda t: [sys.executable, "
               "'-c', %r, %r]).run()\n" % (_FAKE_TASK, marker))
     launcher = subprocess.Popen([sys.executable, "-c", script],
                                 env=binaries.env(), stdout=subprocess.PIPE,

@@ -1,7 +1,7 @@
 """An fp16 small_cnn run of a few hundred steps trains, with its loss scale.
 
 On this project's CPU float16 convolutions run on oneDNN's reference kernels,
-about 100x slower than float32 (see README, "Mixed precision"): at 32x32 a
+about 100x slower than float32 (see docs/mixed_precision.md): at 32x32 a
 few hundred steps would take most of an hour. The run below is the real
 trainer (`train_lib.train`, small_cnn, `--precision=fp16`, dynamic loss
 scale) on the embedded synthetic data shrunk to 8x8 images, which keeps the

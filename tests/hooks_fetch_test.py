@@ -1,10 +1,12 @@
 """A run that does not fetch the train op never trains, whatever the hooks.
 
 Every hook the library offers, given tensors read after the train op (as the
-README's recipes and the trainer do), is put in one `MonitoredSession`; an
+docs' recipes and the trainer do), is put in one `MonitoredSession`; an
 evaluation fetch must leave the weights, the counters and `global_step`
 unchanged, and a training fetch must still be reported.
 """
+
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -84,8 +86,13 @@ class EvaluationFetchTest(tf.test.TestCase):
         sess.run(train_op, {x: test_util.GOOD_X})
         self.assertEqual(every["stats"].latest["global_step"], 1)
         self.assertEqual(every["stats"].latest["counters"].applied_steps, 1)
-        sess.run(train_op, {x: test_util.NAN_X})
-        self.assertLen(every["skip_report"].reports, 1)
+        # The skip report hook's own log lines (not the wrapper's report).
+        with mock.patch.object(hooks, "logging", wraps=hooks.logging) as log:
+          sess.run(train_op, {x: test_util.NAN_X})
+        skip_reports = [c.args[0] % c.args[1:]
+                        for c in log.warning.call_args_list]
+        self.assertLen(skip_reports, 1)
+        self.assertStartsWith(skip_reports[0], "skipped step ")
         self.assertLen(every["report"].reports, 1)
         self.assertTrue(every["give_up"].gave_up)
         self.assertTrue(sess.should_stop())

@@ -25,7 +25,6 @@ from examples.legacy_multi_gpu import train as migrated  # pylint: disable=g-imp
 from examples.legacy_multi_gpu import train_legacy as legacy  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tf1_safe_train  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tf1_safe_train import counters as counters_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tf1_safe_train import hooks  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
 
@@ -238,22 +237,6 @@ class ScriptTest(tf.test.TestCase):
       value = checkpoint.get_tensor(name)
       if value.dtype.kind == "f":
         self.assertTrue(np.isfinite(value).all(), name)
-
-  def testGiveUpHookStopsAtTheSkippedStep(self):
-    # The optional line of the README, with a limit of one skip.
-    with tf.Graph().as_default():
-      model = _build(migrated, nan_tower=1)
-      give_up = hooks.GiveUpHook(
-          model.optimizer.guard_result().counters.consecutive_skips, 1)
-      steps = 0
-      with tf1.train.MonitoredTrainingSession(
-          hooks=[tf1.train.StopAtStepHook(last_step=10), give_up],
-          config=_CONFIG) as sess:
-        while not sess.should_stop():
-          sess.run(model.train_op)
-          steps += 1
-    self.assertTrue(give_up.gave_up)
-    self.assertEqual(_NAN_STEP + 1, steps)
 
   def testLegacyScriptEndsWithNanWeights(self):
     train_dir = self.get_temp_dir() + "/legacy"

@@ -19,7 +19,8 @@ def _build(growth_steps=3, initial_scale=8.0, dtype=tf.float16):
   loss = tf.reduce_sum(tf.cast(w, dtype) * x)
   opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
   scale_value = scale.scale()
-  grads = opt.compute_gradients(scale.scale_loss(loss), var_list=[w])
+  grads = opt.compute_gradients(loss * tf.cast(scale_value, dtype),
+                               var_list=[w])
   result = guard.guarded_apply(
       scale.unscale(grads, scale_value), opt.apply_gradients,
       branch_ops=[scale])

@@ -1,6 +1,14 @@
-"""The README's promises that a test can check: its example runs as written."""
+"""The README's and docs' promises that a test can check.
 
+README.md and every docs/*.md page: each python block after a readme-run
+marker runs as written, every `tf1_safe_train.<name>`, Bazel target and file
+they mention exists, and each generated flags table equals the one the flag
+declarations give (and those are the flags the binary defines).
+"""
+
+import glob
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -8,15 +16,57 @@ import sys
 
 import tensorflow as tf
 
+from tf1_safe_train import cluster_flags
+from tf1_safe_train import flag_specs
+from tf1_safe_train import params as params_lib
 
-def _readme():
+_FLAG_SPECS = {
+    "train": (flag_specs.of_params(params_lib.TrainParams) +
+              cluster_flags.FLAGS),
+    "eval": flag_specs.of_params(params_lib.EvalParams),
+}
+# Prints {flag: [default, help, enum values]} of the flags a binary defines.
+_DUMP_FLAGS = """
+import json, sys
+from absl import flags
+import tf1_safe_train.{0}
+print(json.dumps({{f.name: [f.default, f.help,
+                            getattr(f.parser, "enum_values", None)]
+                  for f in flags.FLAGS.get_flags_for_module(
+                      "tf1_safe_train.{0}")}}))
+"""
+
+
+def _root():
   srcdir = os.environ.get("TEST_SRCDIR")
   if srcdir:
-    path = os.path.join(srcdir, os.environ["TEST_WORKSPACE"], "README.md")
-  else:
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
-  with open(path) as f:
+    return os.path.join(srcdir, os.environ["TEST_WORKSPACE"])
+  return os.path.join(os.path.dirname(__file__), os.pardir)
+
+
+def _read(page, root=None):
+  with open(os.path.join(root or _root(), page)) as f:
     return f.read()
+
+
+def _source_root():
+  """The repository itself, where every file and BUILD file is.
+
+  Under Bazel the runfiles hold only this test's inputs; README.md there is
+  a link into the source tree.
+  """
+  return os.path.dirname(os.path.realpath(os.path.join(_root(), "README.md")))
+
+
+def _pages():
+  """README.md and the docs pages, as paths relative to the repository."""
+  docs = sorted(os.path.relpath(p, _root())
+                for p in glob.glob(os.path.join(_root(), "docs", "*.md")))
+  return ["README.md"] + docs
+
+
+def _readme():
+  return _read("README.md")
 
 
 def _example():
@@ -26,14 +76,20 @@ def _example():
   return match.group(1) if match else None
 
 
-def _runnable_blocks():
+def _runnable_blocks(text):
   """(expected outputs, code) of each python block after a readme-run marker."""
   blocks = []
   for match in re.finditer(
       r"<!-- readme-run: expect ((?:\"[^\"]*\"\s*)+)-->\s*```python\n(.*?)```",
-      _readme(), re.S):
+      text, re.S):
     blocks.append((re.findall(r'"([^"]*)"', match.group(1)), match.group(2)))
   return blocks
+
+
+def _flags_tables(text):
+  """{binary: the table} of each flags-table marker of `text`."""
+  return dict(re.findall(
+      r"<!-- flags-table: (\w+) -->\n(.*?)<!-- /flags-table -->", text, re.S))
 
 
 def _run(code, cwd):
@@ -55,34 +111,85 @@ class ReadmeTest(tf.test.TestCase):
                   result.stdout)
 
   def testEveryRunnableBlockRunsAsWritten(self):
-    blocks = _runnable_blocks()
-    self.assertGreaterEqual(len(blocks), 3)
-    for expected, code in blocks:
-      with self.subTest(expected[0]):
-        self.assertLessEqual(len(code.strip().splitlines()), 40)
-        result = _run(code, self.get_temp_dir())
-        self.assertEqual(result.returncode, 0, result.stderr)
-        for line in expected:
-          self.assertIn(line, result.stdout + result.stderr)
+    count = 0
+    for page in _pages():
+      for expected, code in _runnable_blocks(_read(page)):
+        count += 1
+        with self.subTest(page=page, expect=expected[0]):
+          self.assertLessEqual(len(code.strip().splitlines()), 40)
+          result = _run(code, self.get_temp_dir())
+          self.assertEqual(result.returncode, 0, result.stderr)
+          for line in expected:
+            self.assertIn(line, result.stdout + result.stderr)
+    self.assertGreaterEqual(count, 3)
 
   def testEveryNameOfThePackageItMentionsExists(self):
-    names = sorted(set(re.findall(r"\btf1_safe_train((?:\.[A-Za-z_]\w*)+)",
-                                  _readme())))
-    self.assertIn(".GiveUpHook", names)
-    for name in names:
-      parts = name.lstrip(".").split(".")
-      value = importlib.import_module("tf1_safe_train")
-      for i, part in enumerate(parts):
-        if not hasattr(value, part):
-          # A submodule not imported yet, e.g. tf1_safe_train.guard.
-          importlib.import_module(".".join(["tf1_safe_train"] + parts[:i + 1]))
-        value = getattr(value, part)
-      self.assertTrue(callable(value), name)
+    names = set()
+    for page in _pages():
+      names.update((page, name) for name in re.findall(
+          r"\btf1_safe_train((?:\.[A-Za-z_]\w*)+)", _read(page)))
+    self.assertIn(".GiveUpHook", {name for _, name in names})
+    for page, name in sorted(names):
+      with self.subTest(page=page, name=name):
+        parts = name.lstrip(".").split(".")
+        value = importlib.import_module("tf1_safe_train")
+        for i, part in enumerate(parts):
+          if not hasattr(value, part):
+            # A submodule not imported yet, e.g. tf1_safe_train.guard.
+            importlib.import_module(
+                ".".join(["tf1_safe_train"] + parts[:i + 1]))
+          value = getattr(value, part)
+        self.assertTrue(callable(value), name)
 
   def testQuickStartCommandsAreThere(self):
     readme = _readme()
     self.assertIn("./bazelw run //:train -- ", readme)
     self.assertIn("./bazelw test //...", readme)
+
+  def testEveryBazelTargetItRunsExists(self):
+    for page in _pages():
+      for package, name in sorted(set(re.findall(
+          r"//([\w/]*):(\w+)", _read(page)))):
+        if name == "all":
+          continue
+        with self.subTest(page=page, target="//%s:%s" % (package, name)):
+          build = _read(os.path.join(package, "BUILD"), _source_root())
+          self.assertRegex(build, r'name = "%s"' % name)
+
+  def testEveryFileItNamesExists(self):
+    for page in _pages():
+      for path in sorted(set(re.findall(
+          r"\b((?:tests|tf1_safe_train|bench|examples|docs)/[\w/.]+"
+          r"\.(?:py|md))", _read(page)))):
+        with self.subTest(page=page, path=path):
+          self.assertTrue(
+              os.path.exists(os.path.join(_source_root(), path)), path)
+
+  def testFlagsTablesAreTheDeclaredFlags(self):
+    tables = {}
+    for page in _pages():
+      tables.update(_flags_tables(_read(page)))
+    self.assertCountEqual(tables, _FLAG_SPECS)
+    for binary, specs in _FLAG_SPECS.items():
+      with self.subTest(binary=binary):
+        self.assertMultiLineEqual(
+            flag_specs.markdown_table(specs), tables[binary],
+            "regenerate the table with flag_specs.markdown_table")
+
+  def testTheBinariesDefineTheDeclaredFlags(self):
+    for binary, specs in _FLAG_SPECS.items():
+      with self.subTest(binary=binary):
+        result = _run(_DUMP_FLAGS.format(binary), self.get_temp_dir())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        defined = json.loads(result.stdout)
+        declared = {}
+        for spec in specs:
+          help_text = spec.help
+          if spec.choices:  # absl writes an enum's values before its help.
+            help_text = "<%s>: %s" % ("|".join(spec.choices), help_text)
+          declared[spec.name] = [spec.default, help_text,
+                                 list(spec.choices) or None]
+        self.assertDictEqual(defined, declared)
 
 
 if __name__ == "__main__":

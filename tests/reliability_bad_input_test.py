@@ -16,7 +16,9 @@ import unittest
 import numpy as np
 import tensorflow as tf
 
+import binaries
 import reliability_lib as lib
+import train_dir_util
 from tf1_safe_train import cli
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import train_lib
@@ -51,7 +53,7 @@ class BadInputTest(tf.test.TestCase):
         train_dir=cls.train_dir, num_towers=2, device="cpu", batch_size=2,
         max_steps=4, save_checkpoints_steps=2, save_summaries_steps=2,
         log_every_n_steps=1000).validate())
-    cls.snapshot = lib.files_snapshot(cls.train_dir)
+    cls.snapshot = train_dir_util.files_snapshot(cls.train_dir)
     assert any(n.endswith(".index") for n in cls.snapshot), cls.snapshot
 
   def assertBadInput(self, args, *expected, exit_code=cli.EXIT_BAD_INPUT,
@@ -61,17 +63,17 @@ class BadInputTest(tf.test.TestCase):
     result = lib.run_trainer(["--train_dir=" + train_dir] + list(args))
     self.assertEqual(result.returncode, exit_code, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
-    errors = lib.error_lines(result.stderr)
+    errors = binaries.error_lines(result.stderr)
     self.assertLen(errors, 1, result.stderr)
     self.assertStartsWith(errors[0], "train: error: ")
-    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
     for text in expected:
       self.assertIn(text, errors[0])
     self.assertExistingRunUntouched()
     return errors[0]
 
   def assertExistingRunUntouched(self):
-    now = lib.files_snapshot(self.train_dir)
+    now = train_dir_util.files_snapshot(self.train_dir)
     self.assertCountEqual(now, self.snapshot)  # Nothing added or removed.
     for name, data in self.snapshot.items():
       self.assertEqual(now[name], data, "%s changed" % name)
@@ -196,7 +198,7 @@ class BadInputTest(tf.test.TestCase):
       result = lib.run_trainer(["--train_dir=" + self.train_dir,
                                 "--dataset=cifar10", "--batch_size=2",
                                 "--data_dir=" + data_dir])
-      cls._bad_label = (result, lib.files_snapshot(self.train_dir))
+      cls._bad_label = (result, train_dir_util.files_snapshot(self.train_dir))
       self._restore_snapshot()
     return cls._bad_label
 
@@ -209,9 +211,9 @@ class BadInputTest(tf.test.TestCase):
     result, now = self._bad_label_run()
     self.assertEqual(result.returncode, 1, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
-    errors = lib.error_lines(result.stderr)
+    errors = binaries.error_lines(result.stderr)
     self.assertLen(errors, 1, result.stderr)
-    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
     self.assertStartsWith(errors[0], "train: error: InvalidArgumentError")
 
     def checkpoint_files(snapshot):
@@ -226,13 +228,13 @@ class BadInputTest(tf.test.TestCase):
   # range") comes further down, so the line does not name the problem.
   def testCifarLabelOutOfRangeErrorNamesTheProblem(self):
     result, _ = self._bad_label_run()
-    errors = lib.error_lines(result.stderr)
+    errors = binaries.error_lines(result.stderr)
     self.assertLen(errors, 1, result.stderr)
     self.assertIn("label byte out of range", errors[0])
 
   def _restore_snapshot(self):
     """Puts the existing run back as it was (for the tests that follow)."""
-    for name in lib.files_snapshot(self.train_dir):
+    for name in train_dir_util.files_snapshot(self.train_dir):
       if name not in self.snapshot:
         os.remove(os.path.join(self.train_dir, name))
     for name, data in self.snapshot.items():

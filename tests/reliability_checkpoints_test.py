@@ -28,6 +28,7 @@ import tensorflow as tf
 
 import binaries
 import reliability_lib as lib
+import train_dir_util
 from tf1_safe_train import checkpoints
 from tf1_safe_train import eval_lib
 from tf1_safe_train import finite_state
@@ -74,7 +75,7 @@ def _rewrite_checkpoint(path, poisoned, new_path=None):
 
   The Saver also makes it the state file's latest checkpoint.
   """
-  values = lib.checkpoint_values(path)
+  values = train_dir_util.checkpoint_values(path)
   values[poisoned].flat[0] = np.nan
   with tf.Graph().as_default():
     saver = tf1.train.Saver(
@@ -112,14 +113,15 @@ class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertOneLineError(result, "non-finite model state at step 1",
                             "applied step 0", "softmax_linear/weights",
                             "--learning_rate=3e+38", exit_code=1)
-    summary = _strict_json(os.path.join(train_dir, lib.RUN_SUMMARY))
+    summary = _strict_json(os.path.join(train_dir, train_dir_util.RUN_SUMMARY))
     self.assertEqual(summary["exit_reason"], "nonfinite_state")
     # The checkpoint after step 0 is refused: the run stops there.
     self.assertEqual(summary["global_step"], 1)
     found = _all_checkpoints(train_dir)
     self.assertEqual([os.path.basename(p) for p in found], ["model.ckpt-0"])
     for path in found:
-      self.assertEqual(lib.nonfinite_entries(lib.checkpoint_values(path)), [])
+      values = train_dir_util.checkpoint_values(path)
+      self.assertEqual(train_dir_util.nonfinite_entries(values), [])
 
   def testFirstSkipAfterAnAppliedStepChecksTheState(self):
     # No checkpoint is due: the skip at step 1 finds the state non-finite and
@@ -133,7 +135,7 @@ class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertEqual(summary["exit_reason"], "nonfinite_state")
     self.assertEqual(summary["global_step"], 2)
     self.assertEqual(summary["skipped_steps"], 1)
-    written = _strict_json(os.path.join(train_dir, lib.RUN_SUMMARY))
+    written = _strict_json(os.path.join(train_dir, train_dir_util.RUN_SUMMARY))
     self.assertIsNone(written["final_loss"])  # The skipped step's loss: NaN.
     self.assertEqual(written["nonfinite_values"], {"final_loss": "nan"})
     self.assertRegex(summary["nonfinite_state"],
@@ -147,7 +149,7 @@ class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
   def testEvalRefusesNonFiniteWeightsInOneLine(self):
     train_dir = os.path.join(self.get_temp_dir(), "nan_weights")
     train_lib.train(_params(train_dir, max_steps=1))
-    _rewrite_checkpoint(lib.latest_checkpoint(train_dir),
+    _rewrite_checkpoint(train_dir_util.latest_checkpoint(train_dir),
                         "small_cnn/local3/weights",
                         os.path.join(train_dir, "model.ckpt-7"))
     with self.assertRaisesRegex(eval_lib.NonFiniteCheckpointError,
@@ -223,11 +225,11 @@ class BookkeepingTest(tf.test.TestCase):
         [os.path.join(run, "model.ckpt-%d" % s) for s in (0, 2, 4)])
     copy = os.path.join(self.get_temp_dir(), "copy")
     shutil.copytree(run, copy)
-    before = lib.files_snapshot(run)
+    before = train_dir_util.files_snapshot(run)
     # 7 more checkpoints: keep-max 5 prunes the copy's oldest ones.
     summary = train_lib.train(_params(copy, max_steps=18))
     self.assertEqual(summary["steps_this_run"], 14)
-    self.assertEqual(lib.files_snapshot(run), before)
+    self.assertEqual(train_dir_util.files_snapshot(run), before)
     state = tf1.train.get_checkpoint_state(copy)
     self.assertEqual(state.model_checkpoint_path,
                      os.path.join(copy, "model.ckpt-18"))
@@ -274,11 +276,11 @@ class BookkeepingTest(tf.test.TestCase):
       if name.startswith("model.ckpt-") and ".data" in name:
         with open(os.path.join(train_dir, name), "wb"):
           pass
-    before = lib.files_snapshot(train_dir)
+    before = train_dir_util.files_snapshot(train_dir)
     with self.assertRaisesRegex(checkpoints.CheckpointError,
                                 "none is intact.*model.ckpt-1"):
       train_lib.train(_params(train_dir, max_steps=3))
-    after = lib.files_snapshot(train_dir)
+    after = train_dir_util.files_snapshot(train_dir)
     after.pop(train_dir_lib.LOCK_FILE)
     before.pop(train_dir_lib.LOCK_FILE)
     self.assertEqual(after, before)
@@ -298,7 +300,7 @@ class BookkeepingTest(tf.test.TestCase):
                                     "variable .*" + expected):
           train_lib.train(_params(train_dir, max_steps=2, **overrides))
     # Without run_summary.json the variable's name still points at the flag.
-    os.remove(os.path.join(train_dir, lib.RUN_SUMMARY))
+    os.remove(os.path.join(train_dir, train_dir_util.RUN_SUMMARY))
     with self.assertRaisesRegex(checkpoints.CheckpointError,
                                 "--optimizer probably differs"):
       train_lib.train(_params(train_dir, max_steps=2, optimizer="adam"))
@@ -336,13 +338,13 @@ class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
       self.assertTrue(lib.wait_until(
           lambda: lib.progress_steps(lib.read_text(log)), 300, process=first),
                       lib.read_text(log))
-      before = lib.files_snapshot(train_dir)
+      before = train_dir_util.files_snapshot(train_dir)
       second = lib.run_trainer(_args(train_dir, "--max_steps=3"))
       self.assertOneLineError(second, "--train_dir=" + train_dir,
                               "in use by another trainer",
                               "pid %d" % first.pid, exit_code=2)
       # Nothing of the second one was written (events, checkpoints).
-      self.assertCountEqual(lib.files_snapshot(train_dir), before)
+      self.assertCountEqual(train_dir_util.files_snapshot(train_dir), before)
     finally:
       lib.kill_and_reap(first)  # SIGKILL: no clean-up of its lock.
     self.assertEqual(first.returncode, -signal.SIGKILL)
@@ -354,11 +356,11 @@ class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     os.makedirs(os.path.join(foreign, "photos"))
     with open(os.path.join(foreign, "notes.txt"), "w") as f:
       f.write("mine")
-    before = lib.files_snapshot(foreign)
+    before = train_dir_util.files_snapshot(foreign)
     result = lib.run_trainer(_args(foreign, "--max_steps=2"))
     self.assertOneLineError(result, "--train_dir=" + foreign, "not empty",
                             "holds no training run", exit_code=2)
-    self.assertEqual(lib.files_snapshot(foreign), before)
+    self.assertEqual(train_dir_util.files_snapshot(foreign), before)
     self.assertCountEqual(os.listdir(foreign), ["photos", "notes.txt"])
     # The root directory is such a directory (checked without writing).
     with self.assertRaisesRegex(train_dir_lib.TrainDirError,

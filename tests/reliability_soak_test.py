@@ -32,6 +32,7 @@ from absl import logging
 import tensorflow as tf
 
 import reliability_lib as lib
+import train_dir_util
 from tf1_safe_train import eval_lib
 from tf1_safe_train import params as params_lib
 from tf1_safe_train import train_lib
@@ -89,11 +90,11 @@ class CheckpointScanHook(tf1.train.SessionRunHook):
     self._scanned = scanned  # {(path, index mtime): checkpoint values info}
 
   def scan(self):
-    for path in lib.checkpoint_paths(self._train_dir):
+    for path in train_dir_util.checkpoint_paths(self._train_dir):
       key = (path, os.stat(path + ".index").st_mtime_ns)
       if key not in self._scanned:
-        values = lib.checkpoint_values(path)
-        self._scanned[key] = (lib.nonfinite_entries(values),
+        values = train_dir_util.checkpoint_values(path)
+        self._scanned[key] = (train_dir_util.nonfinite_entries(values),
                               lib.checkpoint_counters(values))
 
   def after_run(self, run_context, run_values):

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import binaries
 import reliability_lib as lib
+import train_dir_util
 
 tf1 = tf.compat.v1
 
@@ -46,28 +47,29 @@ class PersistentFaultTest(tf.test.TestCase):
     # One error line, last, naming the give-up; non-zero exit; no traceback.
     self.assertEqual(result.returncode, 1, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
-    errors = lib.error_lines(result.stderr)
+    errors = binaries.error_lines(result.stderr)
     self.assertLen(errors, 1, result.stderr)
-    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
     self.assertStartsWith(errors[0], "train: error: gave up after %d "
                           "consecutive skipped steps at step %d" % (k, n + k))
     self.assertIn("--max_consecutive_skips=%d" % k, errors[0])
 
-    summary = lib.read_run_summary(train_dir)
+    summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
     self.assertEqual(
         (summary["global_step"], summary["applied_steps"],
          summary["skipped_steps"], summary["consecutive_skips"]),
         (n + k, n, k, k))
 
-    last = lib.latest_checkpoint(train_dir)
+    last = train_dir_util.latest_checkpoint(train_dir)
     self.assertEqual(last, os.path.join(train_dir, "model.ckpt-%d" % (n + k)))
-    before = lib.checkpoint_values(os.path.join(train_dir, "model.ckpt-%d" % n))
-    after = lib.checkpoint_values(last)
+    before = train_dir_util.checkpoint_values(
+        os.path.join(train_dir, "model.ckpt-%d" % n))
+    after = train_dir_util.checkpoint_values(last)
     self.assertEqual(int(before["global_step"]), n)
     self.assertEqual(int(before["applied_steps"]), n)
     self.assertEqual(int(after["skipped_steps"]), k)
-    self.assertEqual(lib.nonfinite_entries(after), [])
+    self.assertEqual(train_dir_util.nonfinite_entries(after), [])
     state_before, state_after = lib.model_state(before), lib.model_state(after)
     self.assertCountEqual(state_after, state_before)
     for pattern in expect_names:  # The comparison covers what it must.
@@ -140,9 +142,9 @@ class OutOfMemoryTest(tf.test.TestCase):
     self.assertEqual(result.returncode, 1, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
     self.assertNotIn("Fatal Python error", result.stderr)
-    errors = lib.error_lines(result.stderr)
+    errors = binaries.error_lines(result.stderr)
     self.assertLen(errors, 1, result.stderr)
-    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
     self.assertStartsWith(errors[0], "train: error: out of memory "
                           "(ResourceExhaustedError: ")
     self.assertIn("OOM when allocating tensor with shape[1099511627776]",
@@ -169,9 +171,9 @@ class OutOfMemoryTest(tf.test.TestCase):
     self.assertEqual(result.returncode, 1, result.stderr[-5000:])
     self.assertNotIn("Traceback", result.stderr)
     self.assertNotIn("Fatal Python error", result.stderr)
-    errors = lib.error_lines(result.stderr)
+    errors = binaries.error_lines(result.stderr)
     self.assertLen(errors, 1, result.stderr[-5000:])
-    self.assertEqual(lib.our_lines(result.stderr)[-1], errors[0])
+    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
     self.assertStartsWith(errors[0], "train: error: ")
     self.assertIn("out of memory", errors[0])
     self.assertIn("--batch_size=20000 on 2 tower(s); lower --batch_size",
@@ -202,20 +204,20 @@ class SignalTest(tf.test.TestCase):
     text = lib.read_text(log)
     self.assertEqual(process.returncode, 0, text)
     self.assertNotIn("Traceback", text)
-    self.assertEqual(lib.error_lines(text), [])
+    self.assertEqual(binaries.error_lines(text), [])
     self.assertIn("signal %d: stopping after this step" % sig, text)
 
-    summary = lib.read_run_summary(train_dir)
+    summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "interrupted")
     step = summary["global_step"]
     self.assertGreaterEqual(step, 8)
     self.assertEqual(lib.summary_counters(summary),
                      drill.expected_counters(step))
     # The final checkpoint is at the summary's step (the interval is far).
-    last = lib.latest_checkpoint(train_dir)
+    last = train_dir_util.latest_checkpoint(train_dir)
     self.assertEqual(last, os.path.join(train_dir, "model.ckpt-%d" % step))
-    values = lib.checkpoint_values(last)
-    self.assertEqual(lib.nonfinite_entries(values), [])
+    values = train_dir_util.checkpoint_values(last)
+    self.assertEqual(train_dir_util.nonfinite_entries(values), [])
     self.assertEqual(lib.checkpoint_counters(values),
                      drill.expected_counters(step))
     return train_dir, drill, step
@@ -226,7 +228,7 @@ class SignalTest(tf.test.TestCase):
         "--max_steps=%d" % (step + 3), "--inject_nonfinite=" + drill.spec,
         "--max_consecutive_skips=0"])
     self.assertEqual(result.returncode, 0, result.stderr)
-    summary = lib.read_run_summary(train_dir)
+    summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(summary["steps_this_run"], 3)
     self.assertEqual(lib.summary_counters(summary),
@@ -261,26 +263,27 @@ class SignalTest(tf.test.TestCase):
     text = lib.read_text(log)
     self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
     self.assertNotIn("Traceback", text)
-    errors = lib.error_lines(text)
+    errors = binaries.error_lines(text)
     self.assertLen(errors, 1, text)
-    self.assertEqual(lib.our_lines(text)[-1], errors[0])
+    self.assertEqual(binaries.our_lines(text)[-1], errors[0])
     self.assertStartsWith(errors[0], "train: error: second signal %d: "
                           "stopped at once" % signal.SIGTERM)
-    summary = lib.read_run_summary(train_dir)
+    summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "aborted")
     self.assertGreaterEqual(summary["global_step"], 9)
     # The resume point is a complete checkpoint, named in line and summary.
-    last = lib.latest_checkpoint(train_dir)
+    last = train_dir_util.latest_checkpoint(train_dir)
     self.assertEqual(summary["resume_checkpoint"], last)
     self.assertIn(os.path.basename(last), errors[0])
-    values = lib.checkpoint_values(last)
-    self.assertEqual(lib.nonfinite_entries(values), [])
+    values = train_dir_util.checkpoint_values(last)
+    self.assertEqual(train_dir_util.nonfinite_entries(values), [])
     step = int(values["global_step"])
     self.assertGreaterEqual(step, 4)
     result = lib.run_trainer(_common_args(train_dir) + [
         "--max_steps=%d" % (step + 2), "--model=resnet20"])
     self.assertEqual(result.returncode, 0, result.stderr)
-    self.assertEqual(lib.read_run_summary(train_dir)["steps_this_run"], 2)
+    self.assertEqual(
+        train_dir_util.read_run_summary(train_dir)["steps_this_run"], 2)
 
   # Regression test (fixed in tf1_safe_train/train.py, main): the signal handlers are installed
   # only when train_lib.train starts its session, so Ctrl-C during start-up
@@ -303,7 +306,7 @@ class SignalTest(tf.test.TestCase):
     self.assertFalse(lib.progress_steps(text))  # It was still starting.
     self.assertNotEqual(process.returncode, 0)
     self.assertNotIn("Traceback", text)
-    self.assertLen(lib.error_lines(text), 1, text)
+    self.assertLen(binaries.error_lines(text), 1, text)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
 """What a training run left in its train_dir, read back for tests."""
 
+import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 tf1 = tf.compat.v1
+
+# run_summary.RUN_SUMMARY, without importing the trainer.
+RUN_SUMMARY = "run_summary.json"
 
 
 def scalars(train_dir, tag):
@@ -18,8 +23,50 @@ def scalars(train_dir, tag):
   return sorted(values.items())
 
 
-def checkpoint_values(train_dir):
-  """Every variable of `train_dir`'s latest checkpoint, by name."""
-  reader = tf1.train.load_checkpoint(tf1.train.latest_checkpoint(train_dir))
+def read_run_summary(train_dir):
+  with open(os.path.join(train_dir, RUN_SUMMARY)) as f:
+    return json.load(f)
+
+
+def checkpoint_paths(train_dir):
+  """The complete checkpoints the `checkpoint` state file lists, oldest first."""
+  state = tf1.train.get_checkpoint_state(train_dir)
+  if state is None:
+    return []
+  return [p if os.path.isabs(p) else os.path.join(train_dir, p)
+          for p in state.all_model_checkpoint_paths]
+
+
+def latest_checkpoint(train_dir):
+  return tf1.train.latest_checkpoint(train_dir)
+
+
+def checkpoint_values(path):
+  """Every entry of the checkpoint at `path` (a train_dir: its latest), as
+  numpy values, by name."""
+  if os.path.isdir(path):
+    path = latest_checkpoint(path)
+  reader = tf1.train.load_checkpoint(path)
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()}
+
+
+def nonfinite_entries(values):
+  """Names of the floating entries of `values` holding a NaN or an Inf."""
+  bad = []
+  for name, value in sorted(values.items()):
+    value = np.asarray(value)
+    if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+      bad.append(name)
+  return bad
+
+
+def files_snapshot(directory):
+  """{relative path: bytes} of every file under `directory`."""
+  snapshot = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        snapshot[os.path.relpath(path, directory)] = f.read()
+  return snapshot

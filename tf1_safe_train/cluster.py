@@ -10,8 +10,7 @@ cluster before paying for the import.
   TF_CONFIG='{"cluster": {"ps": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]},
               "task": {"type": "worker", "index": 1}}'
 
-Giving both `TF_CONFIG` and a cluster flag is an error: which one a process
-follows must not depend on a precedence rule nobody remembers.
+`cluster_flags` declares the flags and chooses between them and TF_CONFIG.
 """
 
 import dataclasses
@@ -19,6 +18,8 @@ import json
 import re
 import socket
 import time
+
+from tf1_safe_train import checks
 
 PS = "ps"
 WORKER = "worker"
@@ -128,8 +129,7 @@ class ClusterConfig(object):
               " (list the chief as worker 0)"
               if self.job_name in _OTHER_TF_CONFIG_JOBS else ""))
     count = len(getattr(self, self.job_name))
-    if isinstance(self.task_index, bool) or not isinstance(self.task_index,
-                                                           int):
+    if not checks.is_int(self.task_index):
       # "0" or true would otherwise read as "out of range" (JSON has no
       # integer type of its own: a string or a boolean is a typing slip).
       raise ClusterSpecError("task index %s must be an integer (0..%d for "
@@ -235,70 +235,6 @@ def from_tf_config(value):
                            "and 'index', got %r" % (task,))
   return ClusterConfig(ps=jobs[PS], worker=jobs[WORKER],
                        job_name=task["type"], task_index=task.get("index", 0))
-
-
-def _split_hosts(flag, value):
-  hosts = [h.strip() for h in value.split(",")] if value.strip() else []
-  if any(not h for h in hosts):
-    raise ClusterSpecError("--%s=%r has an empty entry (stray comma?)" %
-                           (flag, value))
-  return hosts
-
-
-def from_flags(ps_hosts="", worker_hosts="", job_name="", task_index=0):
-  """Builds the config from the cluster flags.
-
-  Args:
-    ps_hosts: comma-separated 'host:port' list of the parameter servers.
-    worker_hosts: comma-separated 'host:port' list of the workers.
-    job_name: 'ps' or 'worker'.
-    task_index: index of this task in its job.
-
-  Returns:
-    A `ClusterConfig`, or None if no cluster flag is set.
-
-  Raises:
-    ClusterSpecError: naming what is wrong, in one line.
-  """
-  ps_hosts, worker_hosts = ps_hosts or "", worker_hosts or ""
-  job_name = job_name or ""
-  if not (ps_hosts.strip() or worker_hosts.strip() or job_name):
-    if task_index:
-      raise ClusterSpecError("--task_index=%r needs --ps_hosts, "
-                             "--worker_hosts and --job_name" % (task_index,))
-    return None
-  if not worker_hosts.strip():
-    raise ClusterSpecError("--worker_hosts is required with --ps_hosts or "
-                           "--job_name")
-  if not job_name:
-    raise ClusterSpecError("--job_name is required in a cluster (ps or "
-                           "worker)")
-  return ClusterConfig(ps=_split_hosts("ps_hosts", ps_hosts),
-                       worker=_split_hosts("worker_hosts", worker_hosts),
-                       job_name=job_name, task_index=task_index)
-
-
-def resolve(tf_config, ps_hosts="", worker_hosts="", job_name="",
-            task_index=0):
-  """The cluster of this process, from TF_CONFIG or from the flags.
-
-  Args:
-    tf_config: the TF_CONFIG environment value (or None).
-    ps_hosts, worker_hosts, job_name, task_index: the cluster flags.
-
-  Returns:
-    A `ClusterConfig`, or None to train on this machine alone.
-
-  Raises:
-    ClusterSpecError: for a bad spec, or if both sources are given.
-  """
-  from_env = from_tf_config(tf_config)
-  from_cli = from_flags(ps_hosts, worker_hosts, job_name, task_index)
-  if from_env is not None and from_cli is not None:
-    raise ClusterSpecError("the cluster is given twice, by TF_CONFIG and by "
-                           "--ps_hosts/--worker_hosts/--job_name: unset "
-                           "TF_CONFIG or drop the flags")
-  return from_env if from_env is not None else from_cli
 
 
 def wait_for_ps(config, timeout_secs, poll_secs=0.5):

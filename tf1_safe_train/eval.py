@@ -8,20 +8,14 @@ from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
+from tf1_safe_train import flag_specs
 from tf1_safe_train import params as params_lib
 
-_DEFAULTS = params_lib.EvalParams()
-
-flags.DEFINE_string("train_dir", _DEFAULTS.train_dir,
-                    "The training run's directory (its latest checkpoint).")
-flags.DEFINE_enum("model", _DEFAULTS.model, params_lib.MODELS,
-                  "The model the run trained.")
-flags.DEFINE_enum("dataset", _DEFAULTS.dataset, params_lib.DATASETS,
-                  "The dataset whose test split is evaluated.")
-flags.DEFINE_string("data_dir", "", "Folder of test_batch.bin for cifar10.")
-flags.DEFINE_integer("batch_size", _DEFAULTS.batch_size, "Evaluation batch.")
-flags.DEFINE_integer("max_examples", _DEFAULTS.max_examples,
-                     "Evaluate at most this many examples; 0 = all.")
+# Declared in params.EvalParams; defined here, so that absl files them under
+# this binary (--helpshort).
+for _spec in flag_specs.of_params(params_lib.EvalParams):
+  _define, _args = _spec.definition()
+  getattr(flags, _define)(*_args)
 
 FLAGS = flags.FLAGS
 _PROGRAM = "eval"
@@ -37,13 +31,10 @@ def main(argv):
   from tf1_safe_train.data import cifar10
   # pylint: enable=g-import-not-at-top
   try:
-    params = params_lib.EvalParams(
-        train_dir=cli.resolve_path(FLAGS.train_dir),
-        model=FLAGS.model,
-        dataset=FLAGS.dataset,
-        data_dir=cli.resolve_path(FLAGS.data_dir),
-        batch_size=FLAGS.batch_size,
-        max_examples=FLAGS.max_examples).validate()
+    values = flag_specs.flag_values(params_lib.EvalParams, FLAGS)
+    values.update(train_dir=cli.resolve_path(FLAGS.train_dir),
+                  data_dir=cli.resolve_path(FLAGS.data_dir))
+    params = params_lib.EvalParams(**values).validate()
     result = eval_lib.evaluate(params)
   except (params_lib.ParamsError, cifar10.DataError,
           eval_lib.NoCheckpointError) as e:

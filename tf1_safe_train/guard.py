@@ -150,11 +150,6 @@ def nonfinite_flags(grads):
   return tf.stack(flags)
 
 
-def count_nonfinite(grads):
-  """Returns an int32 scalar: how many of `grads` hold a non-finite value."""
-  return tf.reduce_sum(tf.cast(nonfinite_flags(grads), tf.int32))
-
-
 def _increment(variable):
   return tf1.assign_add(variable, tf.constant(1, dtype=variable.dtype.base_dtype))
 
@@ -190,7 +185,7 @@ def guarded_apply(grads_and_vars,
       step the variables they wrote take back their last applied value (see
       `rollback`).
     extra_nonfinite: bool scalar tensors that also skip the step when True,
-      e.g. one per tower from `count_nonfinite(tower_grads) > 0`.
+      e.g. one per tower from `reduce_any(nonfinite_flags(tower_grads))`.
     branch_ops: objects with `on_apply()` and `on_skip()` methods returning
       ops, built inside the apply (after the update) and skip branches, e.g.
       a `loss_scale.DynamicLossScale`.

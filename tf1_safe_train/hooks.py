@@ -190,7 +190,6 @@ class SkipReportHook(GatedHook):
     self._floor = loss_scale_floor
     self._variable_names = list(variable_names)
     self._tower_devices = list(tower_devices)
-    self.reports = []
 
   def after_run(self, run_context, run_values):
     if not self._fetched:
@@ -209,7 +208,6 @@ class SkipReportHook(GatedHook):
       else:
         report += ("; at the floor loss scale %s: a real fault (counts "
                    "toward --max_consecutive_skips)" % format_scale(scale))
-    self.reports.append(report)
     logging.warning("%s", report)
 
 
@@ -253,8 +251,8 @@ class StopAtStepHook(tf1.train.StopAtStepHook):
   """
 
   def __init__(self, last_step):
+    # Keyword: TensorFlow's first positional argument is num_steps.
     super().__init__(last_step=last_step)
-    self.stopped_before_first_step = False
 
   def after_create_session(self, session, coord):
     super().after_create_session(session, coord)
@@ -262,7 +260,6 @@ class StopAtStepHook(tf1.train.StopAtStepHook):
     if step >= self._last_step:
       logging.info("global_step %d is already at --max_steps=%d: no step to "
                    "run", step, self._last_step)
-      self.stopped_before_first_step = True
       coord.request_stop()
 
 

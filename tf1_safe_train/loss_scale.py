@@ -88,10 +88,6 @@ class DynamicLossScale(object):
     """The current scale (a float32 tensor) to multiply the loss by."""
     return self._state.scale.read_value()
 
-  def scale_loss(self, loss):
-    """`loss` times the current scale, in the loss's dtype."""
-    return loss * tf.cast(self.scale(), loss.dtype)
-
   def unscale(self, grads_and_vars, scale=None):
     """Divides each gradient by the scale, keeping the gradient's dtype.
 

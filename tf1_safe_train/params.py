@@ -9,6 +9,9 @@ value.
 import dataclasses
 import math
 
+from tf1_safe_train import checks
+from tf1_safe_train import flag_specs
+
 MODELS = ("small_cnn", "resnet20")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DATASETS = ("synthetic", "cifar10")
@@ -17,6 +20,8 @@ OPTIMIZERS = ("momentum", "sgd", "adam", "rmsprop")
 LR_SCHEDULES = ("constant", "piecewise", "cosine")
 LR_STEPS = ("applied_steps", "global_step")
 INJECT_INTO = ("grads", "loss", "input")
+
+_param = flag_specs.param
 
 
 class ParamsError(ValueError):
@@ -37,8 +42,7 @@ def _check_finite_floats(params):
   """
   for field in dataclasses.fields(params):
     value = getattr(params, field.name)
-    if field.type in (float, "float") and isinstance(value, (int, float)) and (
-        not isinstance(value, bool)):
+    if field.type in (float, "float") and checks.is_number(value):
       _check(math.isfinite(value), "--%s=%r: must be a finite number",
              field.name, value)
 
@@ -59,45 +63,92 @@ def _check_model_and_data(params, data_files):
 
 @dataclasses.dataclass(frozen=True)
 class TrainParams(object):
-  """Everything `train_lib.train` needs. Fields mirror the `//:train` flags."""
-  train_dir: str = "/tmp/tf1_safe_train"
-  model: str = "small_cnn"
-  dataset: str = "synthetic"
-  data_dir: str = ""
-  num_towers: int = 2
-  device: str = "cpu"
-  batch_size: int = 32
-  optimizer: str = "momentum"
-  learning_rate: float = 0.01
-  lr_schedule: str = "constant"
-  lr_schedule_step: str = "applied_steps"
-  weight_decay: float = 1e-4
-  clip_gradient_norm: float = 0.0
-  moving_average_decay: float = 0.0
-  increment_global_step_on_skip: bool = True
-  max_steps: int = 1000
-  max_consecutive_skips: int = 50
-  save_checkpoints_steps: int = 200
-  save_summaries_steps: int = 100
-  log_every_n_steps: int = 50
-  inject_nonfinite: str = ""
-  inject_into: str = "grads"
-  seed: int = 0
-  # In a cluster (see cluster.py); both are ignored on one machine.
-  sync_replicas: bool = False
-  precision: str = "fp32"
-  initial_loss_scale: float = 2.0**15
-  loss_scale_growth_steps: int = 2000
-  startup_timeout_secs: float = 600.0
+  """Everything `train_lib.train` needs; a field declares its `//:train` flag.
+
+  `flag_specs.of_params(TrainParams)` turns the declarations into the flags
+  (train.py) and the docs' flags table (docs/flags.md).
+  """
+  train_dir: str = _param(
+      "/tmp/tf1_safe_train", "Checkpoints, summaries and run_summary.json; "
+      "re-running with the same directory resumes.")
+  model: str = _param("small_cnn", "The model.", MODELS)
+  dataset: str = _param(
+      "synthetic", "synthetic (embedded, learnable) or cifar10 (binary files "
+      "in --data_dir).", DATASETS)
+  data_dir: str = _param("", "Folder of the CIFAR-10 .bin files.")
+  # Machine-dependent: train.py resolves the flags' None and 'auto' from the
+  # GPUs TensorFlow sees; the help says how.
+  num_towers: int = _param(
+      2, "Towers (model replicas); default: every visible GPU, or 2 with "
+      "none.", flag_default=None, doc_default="every GPU, or 2")
+  device: str = _param(
+      "cpu", "Where towers run: gpu (/gpu:i), cpu (virtual CPU device i) or "
+      "auto (gpu if any is visible).", DEVICES, flag_default="auto",
+      flag_choices=("auto",) + DEVICES)
+  batch_size: int = _param(32, "Examples per tower per step.")
+  optimizer: str = _param("momentum", "The optimizer (momentum is 0.9).",
+                          OPTIMIZERS)
+  learning_rate: float = _param(0.01, "Initial learning rate.")
+  lr_schedule: str = _param(
+      "constant", "constant, piecewise (x0.1 at 50% and 75% of --max_steps) "
+      "or cosine.", LR_SCHEDULES)
+  lr_schedule_step: str = _param(
+      "applied_steps", "The counter the schedule follows: applied_steps "
+      "(skipped steps do not decay the rate) or global_step.", LR_STEPS)
+  weight_decay: float = _param(
+      1e-4, "L2 weight decay on the weights (not biases or BN).")
+  clip_gradient_norm: float = _param(
+      0.0, "Clip gradients to this global norm after the finite check; "
+      "0 = off.")
+  moving_average_decay: float = _param(
+      0.0, "EMA of the weights (updated only on applied steps); 0 = off.")
+  increment_global_step_on_skip: bool = _param(
+      True, "Advance global_step on skipped steps too (it counts batches, so "
+      "--max_steps ends the run).")
+  max_steps: int = _param(1000, "Stop when global_step reaches this.")
+  max_consecutive_skips: int = _param(
+      50, "Give up (exit 1) after this many skipped steps in a row; "
+      "0 = never.")
+  save_checkpoints_steps: int = _param(
+      200, "Checkpoint every this many steps (and at the end).")
+  save_summaries_steps: int = _param(
+      100, "TensorBoard summaries every this many steps.")
+  log_every_n_steps: int = _param(50, "Progress line every this many steps.")
+  inject_nonfinite: str = _param(
+      "", "Fault drill: comma-separated KIND@STEPS[:TOWER][/WORKER] or "
+      "KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf; STEPS N, N-M or N-; "
+      "TOWER and WORKER default to 0), e.g. nan@100:1,inf%0.01,nan@10-20:0/1.")
+  inject_into: str = _param(
+      "grads", "What the drill poisons: a tower's grads, loss or input "
+      "images.", INJECT_INTO)
+  seed: int = _param(0, "Graph-level random seed.")
+  # In a cluster (see cluster.py); ignored on one machine.
+  sync_replicas: bool = _param(
+      False, "Cluster: aggregate every worker's gradients and decide "
+      "apply/skip on the aggregate (one poisoned replica skips the step for "
+      "all); false: each worker's step is applied or skipped on its own.")
+  precision: str = _param(
+      "fp32", "Compute precision (float32 master weights): fp32, fp16 (with "
+      "dynamic loss scaling) or bf16.", PRECISIONS)
+  initial_loss_scale: float = _param(2.0**15,
+                                     "fp16: the starting loss scale.")
+  loss_scale_growth_steps: int = _param(
+      2000, "fp16: double the loss scale after this many applied steps in a "
+      "row (a skip halves it, floor 1).")
+  # In a cluster; ignored on one machine.
+  startup_timeout_secs: float = _param(
+      600.0, "Cluster: how long a worker waits for the parameter servers "
+      "(and for the chief to initialise the model), at start-up and for a ps "
+      "lost mid-run.")
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
     _check_model_and_data(self, "data_batch_*.bin")
     _check_finite_floats(self)
-    _check(_is_int(self.num_towers) and self.num_towers >= 1,
+    _check(checks.is_int(self.num_towers) and self.num_towers >= 1,
            "--num_towers=%r: must be an integer >= 1", self.num_towers)
     _check_one_of("device", self.device, DEVICES)
-    _check(_is_int(self.batch_size) and self.batch_size >= 1,
+    _check(checks.is_int(self.batch_size) and self.batch_size >= 1,
            "--batch_size=%r: must be an integer >= 1 (per tower)",
            self.batch_size)
     _check_one_of("optimizer", self.optimizer, OPTIMIZERS)
@@ -113,24 +164,24 @@ class TrainParams(object):
     _check(0 <= self.moving_average_decay < 1,
            "--moving_average_decay=%r: must be in [0, 1) (0 = off)",
            self.moving_average_decay)
-    _check(_is_int(self.max_steps) and self.max_steps >= 1,
+    _check(checks.is_int(self.max_steps) and self.max_steps >= 1,
            "--max_steps=%r: must be an integer >= 1", self.max_steps)
-    _check(_is_int(self.max_consecutive_skips) and
+    _check(checks.is_int(self.max_consecutive_skips) and
            self.max_consecutive_skips >= 0,
            "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
            "give up)", self.max_consecutive_skips)
     for name in ("save_checkpoints_steps", "save_summaries_steps",
                  "log_every_n_steps"):
       value = getattr(self, name)
-      _check(_is_int(value) and value >= 1, "--%s=%r: must be an integer >= 1",
-             name, value)
+      _check(checks.is_int(value) and value >= 1,
+             "--%s=%r: must be an integer >= 1", name, value)
     _check_one_of("inject_into", self.inject_into, INJECT_INTO)
-    _check(_is_int(self.seed), "--seed=%r: must be an integer", self.seed)
+    _check(checks.is_int(self.seed), "--seed=%r: must be an integer", self.seed)
     _check_one_of("precision", self.precision, PRECISIONS)
     _check(1 <= self.initial_loss_scale <= 2.0**127,
            "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",
            self.initial_loss_scale)
-    _check(_is_int(self.loss_scale_growth_steps) and
+    _check(checks.is_int(self.loss_scale_growth_steps) and
            self.loss_scale_growth_steps >= 1,
            "--loss_scale_growth_steps=%r: must be an integer >= 1",
            self.loss_scale_growth_steps)
@@ -141,8 +192,7 @@ class TrainParams(object):
     _check(not self.sync_replicas or self.increment_global_step_on_skip,
            "--sync_replicas needs --increment_global_step_on_skip (the "
            "replicas' sync tokens carry global_step)")
-    _check(isinstance(self.startup_timeout_secs, (int, float)) and
-           not isinstance(self.startup_timeout_secs, bool) and
+    _check(checks.is_number(self.startup_timeout_secs) and
            self.startup_timeout_secs > 0,
            "--startup_timeout_secs=%r: must be > 0", self.startup_timeout_secs)
     return self
@@ -157,24 +207,24 @@ class TrainParams(object):
 
 @dataclasses.dataclass(frozen=True)
 class EvalParams(object):
-  """Everything `eval_lib.evaluate` needs. Fields mirror the `//:eval` flags."""
-  train_dir: str = "/tmp/tf1_safe_train"
-  model: str = "small_cnn"
-  dataset: str = "synthetic"
-  data_dir: str = ""
-  batch_size: int = 100
-  max_examples: int = 0
+  """Everything `eval_lib.evaluate` needs; fields declare `//:eval`'s flags."""
+  train_dir: str = _param(
+      "/tmp/tf1_safe_train",
+      "The training run's directory (its latest checkpoint).")
+  model: str = _param("small_cnn", "The model the run trained.", MODELS)
+  dataset: str = _param(
+      "synthetic", "The dataset whose test split is evaluated.", DATASETS)
+  data_dir: str = _param("", "Folder of test_batch.bin for cifar10.")
+  batch_size: int = _param(100, "Evaluation batch.")
+  max_examples: int = _param(
+      0, "Evaluate at most this many examples; 0 = all.")
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
     _check_model_and_data(self, "test_batch.bin")
-    _check(_is_int(self.batch_size) and self.batch_size >= 1,
+    _check(checks.is_int(self.batch_size) and self.batch_size >= 1,
            "--batch_size=%r: must be an integer >= 1", self.batch_size)
-    _check(_is_int(self.max_examples) and self.max_examples >= 0,
+    _check(checks.is_int(self.max_examples) and self.max_examples >= 0,
            "--max_examples=%r: must be an integer >= 0 (0 = all)",
            self.max_examples)
     return self
-
-
-def _is_int(value):
-  return isinstance(value, int) and not isinstance(value, bool)

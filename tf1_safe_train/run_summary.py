@@ -1,6 +1,6 @@
 """run_summary.json: what a training run did, written at its end.
 
-See the README ("The trainer") for the fields. The file is strict JSON: a
+See docs/checkpoints.md for the fields. The file is strict JSON: a
 non-finite number (a NaN final loss) is written as null and named, with its
 value, in "nonfinite_values".
 """

@@ -1,4 +1,4 @@
-r"""`//:train`: the multi-tower trainer. Flags live here and only here.
+r"""`//:train`: the multi-tower trainer. Flags are defined here and only here.
 
   ./bazelw run //:train -- --num_towers=2 --max_steps=600 \
       --inject_nonfinite=nan@100:1,inf@300:0 --train_dir=/tmp/run1
@@ -17,96 +17,17 @@ from absl import logging
 
 from tf1_safe_train import cli
 from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train import cluster_flags
 from tf1_safe_train import crash_report
+from tf1_safe_train import flag_specs
 from tf1_safe_train import params as params_lib
 
-_DEFAULTS = params_lib.TrainParams()
-
-flags.DEFINE_string("train_dir", _DEFAULTS.train_dir,
-                    "Checkpoints, summaries and run_summary.json; re-running "
-                    "with the same directory resumes.")
-flags.DEFINE_enum("model", _DEFAULTS.model, params_lib.MODELS, "The model.")
-flags.DEFINE_enum("dataset", _DEFAULTS.dataset, params_lib.DATASETS,
-                  "synthetic (embedded, learnable) or cifar10 (binary files "
-                  "in --data_dir).")
-flags.DEFINE_string("data_dir", "", "Folder of the CIFAR-10 .bin files.")
-flags.DEFINE_integer("num_towers", None,
-                     "Towers (model replicas); default: every visible GPU, "
-                     "or 2 with none.")
-flags.DEFINE_enum("device", "auto", ("auto",) + params_lib.DEVICES,
-                  "Where towers run: gpu (/gpu:i), cpu (virtual CPU device i) "
-                  "or auto (gpu if any is visible).")
-flags.DEFINE_integer("batch_size", _DEFAULTS.batch_size,
-                     "Examples per tower per step.")
-flags.DEFINE_enum("optimizer", _DEFAULTS.optimizer, params_lib.OPTIMIZERS,
-                  "The optimizer (momentum is 0.9).")
-flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate,
-                   "Initial learning rate.")
-flags.DEFINE_enum("lr_schedule", _DEFAULTS.lr_schedule, params_lib.LR_SCHEDULES,
-                  "constant, piecewise (x0.1 at 50% and 75% of --max_steps) "
-                  "or cosine.")
-flags.DEFINE_enum("lr_schedule_step", _DEFAULTS.lr_schedule_step,
-                  params_lib.LR_STEPS,
-                  "The counter the schedule follows: applied_steps (skipped "
-                  "steps do not decay the rate) or global_step.")
-flags.DEFINE_float("weight_decay", _DEFAULTS.weight_decay,
-                   "L2 weight decay on the weights (not biases or BN).")
-flags.DEFINE_float("clip_gradient_norm", _DEFAULTS.clip_gradient_norm,
-                   "Clip gradients to this global norm after the finite "
-                   "check; 0 = off.")
-flags.DEFINE_float("moving_average_decay", _DEFAULTS.moving_average_decay,
-                   "EMA of the weights (updated only on applied steps); "
-                   "0 = off.")
-flags.DEFINE_boolean("increment_global_step_on_skip",
-                     _DEFAULTS.increment_global_step_on_skip,
-                     "Advance global_step on skipped steps too (it counts "
-                     "batches, so --max_steps ends the run).")
-flags.DEFINE_integer("max_steps", _DEFAULTS.max_steps,
-                     "Stop when global_step reaches this.")
-flags.DEFINE_integer("max_consecutive_skips", _DEFAULTS.max_consecutive_skips,
-                     "Give up (exit 1) after this many skipped steps in a "
-                     "row; 0 = never.")
-flags.DEFINE_integer("save_checkpoints_steps", _DEFAULTS.save_checkpoints_steps,
-                     "Checkpoint every this many steps (and at the end).")
-flags.DEFINE_integer("save_summaries_steps", _DEFAULTS.save_summaries_steps,
-                     "TensorBoard summaries every this many steps.")
-flags.DEFINE_integer("log_every_n_steps", _DEFAULTS.log_every_n_steps,
-                     "Progress line every this many steps.")
-flags.DEFINE_string("inject_nonfinite", "",
-                    "Fault drill: comma-separated KIND@STEPS[:TOWER][/WORKER] "
-                    "or KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf; STEPS "
-                    "N, N-M or N-; TOWER and WORKER default to 0), e.g. "
-                    "nan@100:1,inf%0.01,nan@10-20:0/1.")
-flags.DEFINE_enum("inject_into", _DEFAULTS.inject_into, params_lib.INJECT_INTO,
-                  "What the drill poisons: a tower's grads, loss or input "
-                  "images.")
-flags.DEFINE_integer("seed", _DEFAULTS.seed, "Graph-level random seed.")
-flags.DEFINE_string("ps_hosts", "",
-                    "Cluster: comma-separated host:port of the parameter "
-                    "servers (or use TF_CONFIG, not both).")
-flags.DEFINE_string("worker_hosts", "",
-                    "Cluster: comma-separated host:port of the workers; "
-                    "worker 0 is the chief.")
-flags.DEFINE_string("job_name", "", "Cluster: this task's job, ps or worker.")
-flags.DEFINE_integer("task_index", 0, "Cluster: this task's index in its job.")
-flags.DEFINE_enum("precision", _DEFAULTS.precision, params_lib.PRECISIONS,
-                  "Compute precision (float32 master weights): fp32, fp16 "
-                  "(with dynamic loss scaling) or bf16.")
-flags.DEFINE_float("initial_loss_scale", _DEFAULTS.initial_loss_scale,
-                   "fp16: the starting loss scale.")
-flags.DEFINE_integer("loss_scale_growth_steps",
-                     _DEFAULTS.loss_scale_growth_steps,
-                     "fp16: double the loss scale after this many applied "
-                     "steps in a row (a skip halves it, floor 1).")
-flags.DEFINE_boolean("sync_replicas", _DEFAULTS.sync_replicas,
-                     "Cluster: aggregate every worker's gradients and decide "
-                     "apply/skip on the aggregate (one poisoned replica skips "
-                     "the step for all); false: each worker's step is applied "
-                     "or skipped on its own.")
-flags.DEFINE_float("startup_timeout_secs", _DEFAULTS.startup_timeout_secs,
-                   "Cluster: how long a worker waits for the parameter "
-                   "servers (and for the chief to initialise the model), at "
-                   "start-up and for a ps lost mid-run.")
+# Declared in params.TrainParams and cluster_flags; defined here, so that
+# absl files them under this binary (--helpshort).
+_SPECS = flag_specs.of_params(params_lib.TrainParams) + cluster_flags.FLAGS
+for _spec in _SPECS:
+  _define, _args = _spec.definition()
+  getattr(flags, _define)(*_args)
 
 FLAGS = flags.FLAGS
 _PROGRAM = "train"
@@ -140,40 +61,16 @@ def make_params(f, visible_gpus):
         "and check that the driver sees the GPU" % (
             "" if num_towers is None else " --num_towers=%s" % num_towers))
   if num_towers is None:
-    num_towers = gpus if device == "gpu" else 2
+    num_towers = gpus if device == "gpu" else params_lib.TrainParams.num_towers
   if device == "gpu" and isinstance(num_towers, int) and num_towers > gpus:
     raise params_lib.ParamsError(
         "--num_towers=%d with --device=gpu, but %d GPU(s) are visible" %
         (num_towers, gpus))
-  return params_lib.TrainParams(
-      train_dir=cli.resolve_path(f.train_dir),
-      model=f.model,
-      dataset=f.dataset,
-      data_dir=cli.resolve_path(f.data_dir),
-      num_towers=num_towers,
-      device=device,
-      batch_size=f.batch_size,
-      optimizer=f.optimizer,
-      learning_rate=f.learning_rate,
-      lr_schedule=f.lr_schedule,
-      lr_schedule_step=f.lr_schedule_step,
-      weight_decay=f.weight_decay,
-      clip_gradient_norm=f.clip_gradient_norm,
-      moving_average_decay=f.moving_average_decay,
-      increment_global_step_on_skip=f.increment_global_step_on_skip,
-      max_steps=f.max_steps,
-      max_consecutive_skips=f.max_consecutive_skips,
-      save_checkpoints_steps=f.save_checkpoints_steps,
-      save_summaries_steps=f.save_summaries_steps,
-      log_every_n_steps=f.log_every_n_steps,
-      inject_nonfinite=f.inject_nonfinite,
-      inject_into=f.inject_into,
-      seed=f.seed,
-      sync_replicas=f.sync_replicas,
-      precision=f.precision,
-      initial_loss_scale=f.initial_loss_scale,
-      loss_scale_growth_steps=f.loss_scale_growth_steps,
-      startup_timeout_secs=f.startup_timeout_secs).validate()
+  values = flag_specs.flag_values(params_lib.TrainParams, f)
+  values.update(train_dir=cli.resolve_path(f.train_dir),
+                data_dir=cli.resolve_path(f.data_dir),
+                num_towers=num_towers, device=device)
+  return params_lib.TrainParams(**values).validate()
 
 
 def make_cluster(f, environ):
@@ -182,8 +79,8 @@ def make_cluster(f, environ):
   Raises:
     cluster.ClusterSpecError: for a bad spec, or both sources given.
   """
-  return cluster_lib.resolve(environ.get(cluster_lib.TF_CONFIG), f.ps_hosts,
-                             f.worker_hosts, f.job_name, f.task_index)
+  return cluster_flags.resolve(environ.get(cluster_lib.TF_CONFIG), f.ps_hosts,
+                               f.worker_hosts, f.job_name, f.task_index)
 
 
 def main(argv):

@@ -13,8 +13,9 @@ import tensorflow as tf
 from tf1_safe_train.data import cifar10
 from tf1_safe_train.data import synthetic
 
-NUM_CLASSES = 10
-IMAGE_SHAPE = (32, 32, 3)
+# Every dataset is shaped like CIFAR-10.
+NUM_CLASSES = cifar10.NUM_CLASSES
+IMAGE_SHAPE = cifar10.IMAGE_SHAPE
 DATASET_NAMES = ("synthetic", "cifar10")
 SPLITS = ("train", "test")
 

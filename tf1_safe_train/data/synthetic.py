@@ -10,8 +10,11 @@ seed, so every run and both splits see the same classes.
 import numpy as np
 import tensorflow as tf
 
-NUM_CLASSES = 10
-IMAGE_SHAPE = (32, 32, 3)
+from tf1_safe_train.data import cifar10
+
+# Shaped like CIFAR-10, so that the same models train on either.
+NUM_CLASSES = cifar10.NUM_CLASSES
+IMAGE_SHAPE = cifar10.IMAGE_SHAPE
 NUM_EXAMPLES = {"train": 10000, "test": 2000}
 SPLITS = ("train", "test")
 # Fixed on purpose: the data must not change with the training seed.

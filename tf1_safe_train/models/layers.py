@@ -16,6 +16,8 @@ norm's parameters and statistics are always float32.
 
 import tensorflow as tf
 
+from tf1_safe_train import checks
+
 tf1 = tf.compat.v1
 
 WEIGHTS = "weights"
@@ -39,7 +41,7 @@ def _check_rank(x, rank, layer):
 
 
 def _check_positive_int(value, what):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+  if not checks.is_int(value) or value <= 0:
     raise ValueError("%s must be a positive int, got %r" % (what, value))
 
 
@@ -55,8 +57,7 @@ def check_model_inputs(images, num_classes, model):
     ValueError: unless `images` is float [batch, height, width, 3] with
       static height and width and `num_classes` is a positive int.
   """
-  if (isinstance(num_classes, bool) or not isinstance(num_classes, int) or
-      num_classes <= 0):
+  if not checks.is_int(num_classes) or num_classes <= 0:
     raise ValueError("%s: num_classes must be a positive int, got %r" %
                      (model, num_classes))
   if images.dtype not in (tf.float32, tf.float16, tf.bfloat16):
