@@ -305,6 +305,30 @@ class BookkeepingTest(tf.test.TestCase):
                                 "--optimizer probably differs"):
       train_lib.train(_params(train_dir, max_steps=2, optimizer="adam"))
 
+  def testAdamRunOfAnOlderTrainerResumes(self):
+    # Until the trainer shared the wrapper's step, Adam's beta powers were
+    # saved as "apply/beta1_power" and "apply/beta2_power".
+    train_dir = self._run("old_adam", optimizer="adam", max_steps=2)
+    latest = _all_checkpoints(train_dir)[-1]
+    values = train_dir_util.checkpoint_values(latest)
+    with tf.Graph().as_default():
+      renamed = {("apply/" + n if n.endswith("_power") else n):
+                 tf1.Variable(v, name=n.replace("/", "_"))
+                 for n, v in values.items()}
+      self.assertIn("apply/beta1_power", renamed)
+      saver = tf1.train.Saver(renamed)
+      with tf1.Session() as session:
+        session.run(tf1.global_variables_initializer())
+        saver.save(session, latest)
+    summary = train_lib.train(_params(train_dir, optimizer="adam",
+                                      max_steps=4))
+    self.assertEqual(summary["steps_this_run"], 2)
+    resumed = train_dir_util.checkpoint_values(_all_checkpoints(train_dir)[-1])
+    # Restored and carried on (two more Adam steps), not started afresh.
+    self.assertAllClose(resumed["apply/beta1_power"],
+                        values["beta1_power"] * 0.9**2)
+    self.assertNotIn("beta1_power", resumed)
+
   def testEvalRetriesWhenItsCheckpointIsPrunedBeforeTheRestore(self):
     train_dir = self._run("eval_race")  # model.ckpt-{0,2,4}.
     real_restore = tf1.train.Saver.restore

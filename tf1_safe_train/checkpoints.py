@@ -220,6 +220,48 @@ def _previous_params(train_dir):
     return {}
 
 
+# Variables whose name in older checkpoints differs: name now -> former name.
+# Adam's beta powers were created in the trainer's decision scope ("apply/")
+# until the trainer shared the wrapper's step, which creates them where an
+# unwrapped optimizer does; runs written before still resume.
+_FORMER_NAMES = {"beta1_power": "apply/beta1_power",
+                 "beta2_power": "apply/beta2_power"}
+
+
+def names_in(checkpoint, variables):
+  """Each of `variables` by its name in `checkpoint` (a `Saver`'s var_list).
+
+  A variable absent from `checkpoint` under its name but present under a
+  former name (`_FORMER_NAMES`) keeps the former name, for restoring and for
+  the run's later saves alike.
+
+  Args:
+    checkpoint: the checkpoint the run resumes from, or None.
+    variables: the variables to save and restore.
+
+  Returns:
+    A dict {name in the checkpoint: variable}.
+  """
+  shapes = (tf1.train.NewCheckpointReader(checkpoint)
+            .get_variable_to_shape_map() if checkpoint else {})
+  names = {}
+  for v in variables:
+    name = v.op.name
+    former = _FORMER_NAMES.get(name)
+    if name not in shapes and former in shapes:
+      name = former
+    names[name] = v
+  return names
+
+
+def saver_var_list(checkpoint, variables):
+  """`names_in`, or None when every name is today's (the Saver's default)."""
+  names = names_in(checkpoint, variables)
+  if all(name == v.op.name for name, v in names.items()):
+    return None
+  return names
+
+
 def check_compatible(checkpoint, variables, params):
   """Raises CheckpointError if `checkpoint` cannot restore `variables`.
 
@@ -231,8 +273,7 @@ def check_compatible(checkpoint, variables, params):
   reader = tf1.train.NewCheckpointReader(checkpoint)
   shapes = reader.get_variable_to_shape_map()
   problem = None
-  for v in variables:
-    name = v.op.name
+  for name, v in names_in(checkpoint, variables).items():
     if name not in shapes:
       problem = name, "is not in it"
     elif list(shapes[name]) != v.shape.as_list():

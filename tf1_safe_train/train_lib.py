@@ -100,14 +100,17 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         *strategy.step_hooks(),
         state_hook,
         *extra_hooks]
-    # Relative paths: a copied or moved train_dir stays self-contained.
-    saver = checkpoints.FiniteSaver(state_check, state_hook.refuse_save,
-                                    max_to_keep=5, save_relative_paths=True)
-    scaffold = tf1.train.Scaffold(saver=saver)
+    resume = None
     if is_chief:
       owned.enter_context(train_dir_lib.lock(params.train_dir))
-      checkpoints.prepare_resume(params.train_dir, tf1.global_variables(),
-                                 params)
+      resume = checkpoints.prepare_resume(params.train_dir,
+                                          tf1.global_variables(), params)
+    # Relative paths: a copied or moved train_dir stays self-contained.
+    saver = checkpoints.FiniteSaver(
+        state_check, state_hook.refuse_save,
+        var_list=checkpoints.saver_var_list(resume, tf1.global_variables()),
+        max_to_keep=5, save_relative_paths=True)
+    scaffold = tf1.train.Scaffold(saver=saver)
     on_signal.install()
     try:
       with strategy.session(scaffold, run_hooks,
