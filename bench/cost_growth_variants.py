@@ -18,13 +18,13 @@ import numpy as np
 import tensorflow as tf
 
 from bench import guard_overhead_lib
-from tf1_safe_train import counters as counters_lib
+from tf1_safe_train.cluster import replication
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train import models
-from tf1_safe_train import optimizer as optimizer_lib
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import replication
-from tf1_safe_train import towers
-from tf1_safe_train import train_step
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import towers
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 

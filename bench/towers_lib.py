@@ -15,11 +15,11 @@ import time
 import tensorflow as tf
 
 from bench import timing
+from tf1_safe_train.cluster import replication
 from tf1_safe_train import data
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import replication
-from tf1_safe_train import towers
-from tf1_safe_train import train_step
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import towers
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 

@@ -22,9 +22,9 @@ import uuid
 import tensorflow as tf
 
 import binaries
-from tf1_safe_train import local_cluster_lib
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import replicas
+from tf1_safe_train.cluster import local_cluster_lib
+from tf1_safe_train.cluster import replicas
+from tf1_safe_train.trainer import params as params_lib
 
 tf1 = tf.compat.v1
 

@@ -4,8 +4,8 @@ import json
 
 import tensorflow as tf
 
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import cluster_flags
+from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import spec as cluster_lib
 
 _CLUSTER = {"ps": ["10.0.0.1:2222"],
             "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}

@@ -8,14 +8,14 @@ import time
 import tensorflow as tf
 
 import binaries
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import injection
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import replication
-from tf1_safe_train import replicas
-from tf1_safe_train import rollback
-from tf1_safe_train import train_lib
-from tf1_safe_train import train_step
+from tf1_safe_train.cluster import replicas
+from tf1_safe_train.cluster import replication
+from tf1_safe_train.cluster import spec as cluster_lib
+from tf1_safe_train.core import rollback
+from tf1_safe_train.trainer import injection
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 

@@ -1,9 +1,9 @@
-"""Tests for tf1_safe_train.counters."""
+"""Tests for tf1_safe_train.core.counters."""
 
 import tensorflow as tf
 
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import guard
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import guard
 
 tf1 = tf.compat.v1
 

@@ -20,11 +20,11 @@ import numpy as np
 import tensorflow as tf
 
 import binaries
-from tf1_safe_train import local_cluster_lib
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import replicas
-from tf1_safe_train import run_summary
-from tf1_safe_train import train_lib
+from tf1_safe_train.cluster import local_cluster_lib
+from tf1_safe_train.cluster import replicas
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import run_summary
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 
@@ -400,7 +400,8 @@ class LocalClusterLauncherTest(tf.test.TestCase):
 
   def testTasksDieWithAKilledLauncher(self):
     marker = "marker_" + uuid.uuid4().hex
-    script = ("import sys\nfrom tf1_safe_train import local_cluster_lib\n"
+    script = ("import sys\n"
+              "from tf1_safe_train.cluster import local_cluster_lib\n"
               "local_cluster_lib.LocalCluster(1, 2, lambda t: [sys.executable, "
               "'-c', %r, %r]).run()\n" % (_FAKE_TASK, marker))
     launcher = subprocess.Popen([sys.executable, "-c", script],

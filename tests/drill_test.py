@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import drill as drill_lib
-from tf1_safe_train import injection
+from tf1_safe_train.trainer import drill as drill_lib
+from tf1_safe_train.trainer import injection
 
 tf1 = tf.compat.v1
 

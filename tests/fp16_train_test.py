@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import train_dir_util
 from tf1_safe_train import data
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import train_lib
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 

@@ -1,10 +1,10 @@
-"""Tests for tf1_safe_train.guard: detection and the apply/skip decision."""
+"""Tests for tf1_safe_train.core.guard: detection, the apply/skip decision."""
 
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import guard
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import guard
 
 tf1 = tf.compat.v1
 

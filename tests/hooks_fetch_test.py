@@ -12,12 +12,13 @@ import numpy as np
 import tensorflow as tf
 
 import optimizer_test_util as test_util
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import fetch_gate
-from tf1_safe_train import finite_state
-from tf1_safe_train import hooks
-from tf1_safe_train import optimizer as optimizer_lib
-from tf1_safe_train import stop_signals
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import fetch_gate
+from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.trainer import finite_state
+from tf1_safe_train.trainer import hooks
+from tf1_safe_train.trainer import stop_signals
 
 tf1 = tf.compat.v1
 
@@ -35,7 +36,7 @@ def _every_hook(opt, global_step, loss):
           step_index, result.applied,
           tf.expand_dims(result.nonfinite_flags, 0), result.nonfinite_flags,
           result.variable_names, ["/device:CPU:0"]),
-      "give_up": hooks.GiveUpHook(result.counters.consecutive_skips, 1),
+      "give_up": core_hooks.GiveUpHook(result.counters.consecutive_skips, 1),
       "stats": hooks.RunStatsHook({"global_step": global_step_after,
                                    "counters": result.counters}),
       "signal": stop_signals.StopOnSignalHook(),

@@ -3,8 +3,9 @@
 import tensorflow as tf
 
 import optimizer_test_util as test_util
-from tf1_safe_train import hooks
-from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.trainer import hooks
 
 tf1 = tf.compat.v1
 
@@ -55,7 +56,7 @@ class GiveUpHookTest(tf.test.TestCase):
           tf1.train.GradientDescentOptimizer(0.1))
       train_op = opt.minimize(
           loss, global_step=tf1.train.get_or_create_global_step())
-      give_up = hooks.GiveUpHook(
+      give_up = core_hooks.GiveUpHook(
           opt.guard_result().counters.consecutive_skips, 1)
       steps = 0
       with tf1.train.MonitoredTrainingSession(
@@ -75,7 +76,7 @@ class GiveUpHookTest(tf.test.TestCase):
           tf1.train.GradientDescentOptimizer(0.1))
       train_op = opt.minimize(
           loss, global_step=tf1.train.get_or_create_global_step())
-      give_up = hooks.GiveUpHook(
+      give_up = core_hooks.GiveUpHook(
           opt.guard_result().counters.consecutive_skips, 0)
       with tf1.train.MonitoredTrainingSession(
           hooks=[tf1.train.StopAtStepHook(last_step=4), give_up]) as sess:

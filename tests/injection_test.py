@@ -1,11 +1,11 @@
-"""Tests for tf1_safe_train.injection."""
+"""Tests for tf1_safe_train.trainer.injection."""
 
 import math
 
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import injection
+from tf1_safe_train.trainer import injection
 
 tf1 = tf.compat.v1
 

@@ -24,7 +24,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from examples.legacy_multi_gpu import train as migrated  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples.legacy_multi_gpu import train_legacy as legacy  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tf1_safe_train  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tf1_safe_train import counters as counters_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tf1_safe_train.core import counters as counters_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
 

@@ -19,8 +19,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import optimizer_test_util as test_util  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tf1_safe_train import counters as counters_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tf1_safe_train import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tf1_safe_train.core import counters as counters_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tf1_safe_train.core import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
 

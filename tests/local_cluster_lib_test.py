@@ -6,12 +6,12 @@ import sys
 
 import tensorflow as tf
 
-from tf1_safe_train import cluster_flags
-from tf1_safe_train import local_cluster_lib
+from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import local_cluster_lib
 
 _FLAGS_AFTER_IMPORT = """
 from absl import flags
-import tf1_safe_train.local_cluster_lib
+import tf1_safe_train.cluster.local_cluster_lib
 print(sorted(flags.FLAGS.flags_by_module_dict()))
 """
 

@@ -3,9 +3,9 @@
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import guard
-from tf1_safe_train import loss_scale as loss_scale_lib
-from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train.core import guard
+from tf1_safe_train.core import loss_scale as loss_scale_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 

@@ -1,9 +1,12 @@
-"""Tests for tf1_safe_train.optimization: schedules and overflow-safe clipping."""
+"""Tests for tf1_safe_train.trainer.optimization.
+
+Schedules and overflow-safe clipping.
+"""
 
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import optimization
+from tf1_safe_train.trainer import optimization
 
 tf1 = tf.compat.v1
 

@@ -1,4 +1,4 @@
-"""Tests for tf1_safe_train.optimizer.SkipNonFiniteOptimizer."""
+"""Tests for tf1_safe_train.core.optimizer.SkipNonFiniteOptimizer."""
 
 import itertools
 
@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 import optimizer_test_util as test_util
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 

@@ -5,13 +5,13 @@ import dataclasses
 
 import tensorflow as tf
 
-from tf1_safe_train import checks
+from tf1_safe_train.core import checks
 from tf1_safe_train import data
-from tf1_safe_train import flag_specs
 from tf1_safe_train import models
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import precision
-from tf1_safe_train import towers
+from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import precision
+from tf1_safe_train.trainer import towers
 
 
 class ParamsTest(tf.test.TestCase):

@@ -4,7 +4,7 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 from tf1_safe_train import models
-from tf1_safe_train import precision
+from tf1_safe_train.trainer import precision
 
 tf1 = tf.compat.v1
 

@@ -16,9 +16,9 @@ import sys
 
 import tensorflow as tf
 
-from tf1_safe_train import cluster_flags
-from tf1_safe_train import flag_specs
-from tf1_safe_train import params as params_lib
+from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import params as params_lib
 
 _FLAG_SPECS = {
     "train": (flag_specs.of_params(params_lib.TrainParams) +
@@ -135,7 +135,7 @@ class ReadmeTest(tf.test.TestCase):
         value = importlib.import_module("tf1_safe_train")
         for i, part in enumerate(parts):
           if not hasattr(value, part):
-            # A submodule not imported yet, e.g. tf1_safe_train.guard.
+            # A submodule not imported yet, e.g. tf1_safe_train.core.guard.
             importlib.import_module(
                 ".".join(["tf1_safe_train"] + parts[:i + 1]))
           value = getattr(value, part)

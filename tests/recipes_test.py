@@ -8,9 +8,9 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import guard
-from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import guard
+from tf1_safe_train.core import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 

@@ -20,9 +20,9 @@ import binaries
 import reliability_lib as lib
 import train_dir_util
 from tf1_safe_train import cli
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import train_lib
 from tf1_safe_train.data import cifar10
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 

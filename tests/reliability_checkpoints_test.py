@@ -29,13 +29,13 @@ import tensorflow as tf
 import binaries
 import reliability_lib as lib
 import train_dir_util
-from tf1_safe_train import checkpoints
-from tf1_safe_train import eval_lib
-from tf1_safe_train import finite_state
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import run_summary
-from tf1_safe_train import train_dir as train_dir_lib
-from tf1_safe_train import train_lib
+from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import eval_lib
+from tf1_safe_train.trainer import finite_state
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import run_summary
+from tf1_safe_train.trainer import train_dir as train_dir_lib
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 

@@ -25,8 +25,8 @@ import tensorflow as tf
 
 import reliability_lib as lib
 import train_dir_util
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import train_lib
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 
@@ -208,10 +208,10 @@ class RerunFinishedRunTest(tf.test.TestCase):
     second = train_lib.train(params)
     return train_dir, first, second
 
-  # Regression test (fixed in tf1_safe_train/train_lib.py, train): it stops with
-  # tf1.train.StopAtStepHook, which decides only after a step, so a run
-  # restored at --max_steps trains one more step (global_step 4 here, +1 per
-  # rerun). Fix: use hooks.StopAtStepHook(params.max_steps) instead.
+  # Regression test (fixed in tf1_safe_train/trainer/train_lib.py, train): it
+  # stops with tf1.train.StopAtStepHook, which decides only after a step, so a
+  # run restored at --max_steps trains one more step (global_step 4 here, +1
+  # per rerun). Fix: use hooks.StopAtStepHook(params.max_steps) instead.
   def testRerunOfFinishedRunTrainsNoStep(self):
     train_dir, _, _ = self._run_twice()
     values = train_dir_util.checkpoint_values(
@@ -219,11 +219,11 @@ class RerunFinishedRunTest(tf.test.TestCase):
     self.assertEqual(int(values["global_step"]), 3)
     self.assertEqual(int(values["applied_steps"]), 2)
 
-  # Regression test (fixed in tf1_safe_train/train_lib.py, _run_summary): when no step runs it
-  # writes {"global_step": null} without counters over the finished run's
-  # summary (and today a step does run, see above). Fix: report the restored
-  # checkpoint's counters (read them from the session at creation, or from
-  # the latest checkpoint) with steps_this_run 0.
+  # Regression test (fixed in tf1_safe_train/trainer/train_lib.py,
+  # _run_summary): when no step runs it writes {"global_step": null} without
+  # counters over the finished run's summary (and today a step does run, see
+  # above). Fix: report the restored checkpoint's counters (read them from the
+  # session at creation, or from the latest checkpoint) with steps_this_run 0.
   def testRerunOfFinishedRunKeepsSummaryCounters(self):
     _, first, second = self._run_twice()
     self.assertEqual(second["exit_reason"], "max_steps")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import binaries
-from tf1_safe_train import injection
+from tf1_safe_train.trainer import injection
 
 # Checkpoint entries that a skipped step changes (or may change): the step and
 # skip counters and the drill's own statistics. Every other entry (weights,

@@ -105,7 +105,8 @@ _OOM_DRIVER = r"""
 import sys
 from absl import app
 import tensorflow as tf
-from tf1_safe_train import cli, train, train_lib
+from tf1_safe_train import cli, train
+from tf1_safe_train.trainer import train_lib
 tf1 = tf.compat.v1
 
 class HugeFetchHook(tf1.train.SessionRunHook):

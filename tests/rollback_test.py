@@ -1,4 +1,4 @@
-"""Tests for tf1_safe_train.rollback and .writes; legacy UPDATE_OPS."""
+"""Tests for tf1_safe_train.core.rollback and .writes; legacy UPDATE_OPS."""
 
 import contextlib
 
@@ -7,10 +7,10 @@ import numpy as np
 import tensorflow as tf
 
 import optimizer_test_util as test_util
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import optimizer as optimizer_lib
-from tf1_safe_train import rollback
-from tf1_safe_train import writes
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import rollback
+from tf1_safe_train.core import writes
 
 tf1 = tf.compat.v1
 

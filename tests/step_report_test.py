@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 import optimizer_test_util as test_util
-from tf1_safe_train import optimizer as optimizer_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 

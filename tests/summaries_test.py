@@ -4,9 +4,9 @@ import tensorflow as tf
 
 import optimizer_test_util as test_util
 import train_dir_util
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import optimizer as optimizer_lib
-from tf1_safe_train import summaries
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import summaries
 
 tf1 = tf.compat.v1
 

@@ -1,9 +1,9 @@
-"""Tests for tf1_safe_train.towers."""
+"""Tests for tf1_safe_train.trainer.towers."""
 
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import towers
+from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
 

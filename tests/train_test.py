@@ -8,12 +8,12 @@ import numpy as np
 import tensorflow as tf
 
 import train_dir_util
-from tf1_safe_train import params as params_lib
-from tf1_safe_train import run_summary
-from tf1_safe_train import replication
-from tf1_safe_train import towers
-from tf1_safe_train import train_lib
-from tf1_safe_train import train_step
+from tf1_safe_train.cluster import replication
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import run_summary
+from tf1_safe_train.trainer import towers
+from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 

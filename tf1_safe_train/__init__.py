@@ -1,5 +1,9 @@
 """tf1_safe_train: TF1 graph-mode training that skips non-finite steps.
 
+Subpackages (docs/layout.md): `core` is the library a legacy script imports
+(it imports nothing of the others), `trainer` the step and the runner of
+//:train, `cluster` its replication; `data` and `models` the trainer's inputs.
+
 The public names are loaded on first use, so that `import tf1_safe_train.cli`
 (what the binaries do before parsing flags) does not start TensorFlow.
 """
@@ -7,20 +11,42 @@ The public names are loaded on first use, so that `import tf1_safe_train.cli`
 import importlib
 
 _EXPORTS = {
-    "GiveUpHook": "tf1_safe_train.hooks",
-    "SkipCounters": "tf1_safe_train.counters",
-    "skip_counters": "tf1_safe_train.counters",
-    "SkipNonFiniteOptimizer": "tf1_safe_train.optimizer",
+    "GiveUpHook": "tf1_safe_train.core.hooks",
+    "SkipCounters": "tf1_safe_train.core.counters",
+    "skip_counters": "tf1_safe_train.core.counters",
+    "SkipNonFiniteOptimizer": "tf1_safe_train.core.optimizer",
 }
 # Modules a legacy script uses by name: tf1_safe_train.summaries.histogram.
-_MODULES = ("summaries",)
+_MODULES = {"summaries": "tf1_safe_train.core.summaries"}
+
+# Where the modules of the flat package went, so that code written before
+# the subpackages (`from tf1_safe_train import loss_scale`,
+# `tf1_safe_train.optimizer.SkipNonFiniteOptimizer`) keeps working. Not
+# `import tf1_safe_train.guard`: that form needs the new path. (The old
+# `tf1_safe_train.cluster` module is now `tf1_safe_train.cluster.spec`, and
+# the trainer's hooks moved out of `hooks` to `tf1_safe_train.trainer.hooks`.)
+_MOVED = dict(
+    [(name, "tf1_safe_train.core." + name) for name in (
+        "checks", "cond_walk", "counters", "fetch_gate", "guard", "hooks",
+        "loss_scale", "optimizer", "per_device", "rollback", "step_report",
+        "write_check", "writes")] +
+    [(name, "tf1_safe_train.trainer." + name) for name in (
+        "checkpoints", "crash_report", "drill", "eval_lib", "finite_state",
+        "flag_specs", "injection", "optimization", "params", "precision",
+        "run_summary", "step_summaries", "stop_signals", "towers",
+        "train_dir", "train_lib", "train_step")] +
+    [(name, "tf1_safe_train.cluster." + name) for name in (
+        "cluster_flags", "local_cluster_lib", "private_network", "ps_watch",
+        "replicas", "replication", "sync_replicas")])
 
 __all__ = sorted(list(_EXPORTS) + list(_MODULES))
 
 
 def __getattr__(name):
   if name in _MODULES:
-    return importlib.import_module("tf1_safe_train." + name)
+    return importlib.import_module(_MODULES[name])
+  if name in _MOVED:
+    return importlib.import_module(_MOVED[name])
   if name not in _EXPORTS:
     raise AttributeError("module 'tf1_safe_train' has no attribute %r" % name)
   return getattr(importlib.import_module(_EXPORTS[name]), name)

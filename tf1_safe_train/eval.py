@@ -8,8 +8,8 @@ from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
-from tf1_safe_train import flag_specs
-from tf1_safe_train import params as params_lib
+from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import params as params_lib
 
 # Declared in params.EvalParams; defined here, so that absl files them under
 # this binary (--helpshort).
@@ -27,8 +27,8 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   tf = cli.import_tensorflow()
   # pylint: disable=g-import-not-at-top
-  from tf1_safe_train import eval_lib
   from tf1_safe_train.data import cifar10
+  from tf1_safe_train.trainer import eval_lib
   # pylint: enable=g-import-not-at-top
   try:
     values = flag_specs.flag_values(params_lib.EvalParams, FLAGS)

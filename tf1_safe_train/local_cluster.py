@@ -24,8 +24,8 @@ from absl import app
 from absl import flags
 
 from tf1_safe_train import cli
-from tf1_safe_train import local_cluster_lib
-from tf1_safe_train import private_network
+from tf1_safe_train.cluster import local_cluster_lib
+from tf1_safe_train.cluster import private_network
 
 flags.DEFINE_integer("num_ps", 1, "Number of parameter servers.")
 flags.DEFINE_integer("num_workers", 2,

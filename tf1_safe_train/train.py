@@ -16,11 +16,11 @@ from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import cluster_flags
-from tf1_safe_train import crash_report
-from tf1_safe_train import flag_specs
-from tf1_safe_train import params as params_lib
+from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import spec as cluster_lib
+from tf1_safe_train.trainer import crash_report
+from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import params as params_lib
 
 # Declared in params.TrainParams and cluster_flags; defined here, so that
 # absl files them under this binary (--helpshort).
@@ -103,12 +103,12 @@ def _run(cluster):
   logging.set_verbosity(logging.INFO)
   tf = cli.import_tensorflow()
   # pylint: disable=g-import-not-at-top
-  from tf1_safe_train import checkpoints
-  from tf1_safe_train import injection
-  from tf1_safe_train import replicas
-  from tf1_safe_train import run_summary
-  from tf1_safe_train import train_lib
+  from tf1_safe_train.cluster import replicas
   from tf1_safe_train.data import cifar10
+  from tf1_safe_train.trainer import checkpoints
+  from tf1_safe_train.trainer import injection
+  from tf1_safe_train.trainer import run_summary
+  from tf1_safe_train.trainer import train_lib
   # pylint: enable=g-import-not-at-top
   try:
     params = make_params(FLAGS, len(tf.config.list_physical_devices("GPU")))

@@ -16,7 +16,7 @@ norm's parameters and statistics are always float32.
 
 import tensorflow as tf
 
-from tf1_safe_train import checks
+from tf1_safe_train.core import checks
 
 tf1 = tf.compat.v1
 

@@ -12,7 +12,7 @@ shows as a skip), and `checkpoints.FiniteSaver` before each save.
 from absl import logging
 import tensorflow as tf
 
-from tf1_safe_train import hooks
+from tf1_safe_train.core import hooks
 
 tf1 = tf.compat.v1
 

@@ -19,7 +19,7 @@ import re
 import socket
 import time
 
-from tf1_safe_train import checks
+from tf1_safe_train.core import checks
 
 PS = "ps"
 WORKER = "worker"

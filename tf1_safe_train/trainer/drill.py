@@ -8,7 +8,7 @@ that point is the target and a rule names that tower and worker.
 
 import tensorflow as tf
 
-from tf1_safe_train import injection
+from tf1_safe_train.trainer import injection
 
 TARGETS = ("input", "loss", "grads")
 

@@ -28,7 +28,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from tf1_safe_train import run_summary
+from tf1_safe_train.trainer import run_summary
 
 tf1 = tf.compat.v1
 

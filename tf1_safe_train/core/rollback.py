@@ -18,7 +18,7 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 # Only to choose the cond implementation for ref variables (see below).
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
-from tf1_safe_train import writes
+from tf1_safe_train.core import writes
 
 tf1 = tf.compat.v1
 

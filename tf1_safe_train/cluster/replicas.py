@@ -14,9 +14,9 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import towers
+from tf1_safe_train.cluster import spec as cluster_lib
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
 

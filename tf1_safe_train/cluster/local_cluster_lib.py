@@ -19,8 +19,8 @@ import sys
 import threading
 import time
 
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import cluster_flags
+from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import spec as cluster_lib
 
 PROGRAM = "local_cluster"
 _POLL_SECS = 0.1

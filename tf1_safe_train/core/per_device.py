@@ -7,7 +7,7 @@ per-device rows.
 
 import tensorflow as tf
 
-from tf1_safe_train import step_report
+from tf1_safe_train.core import step_report
 
 tf1 = tf.compat.v1
 

@@ -19,7 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import finite_state
+from tf1_safe_train.trainer import finite_state
 
 tf1 = tf.compat.v1
 

@@ -12,14 +12,15 @@ import time
 
 import tensorflow as tf
 
-from tf1_safe_train import checkpoints
-from tf1_safe_train import finite_state
-from tf1_safe_train import hooks as hooks_lib
-from tf1_safe_train import replication
-from tf1_safe_train import run_summary
-from tf1_safe_train import stop_signals
-from tf1_safe_train import train_dir as train_dir_lib
-from tf1_safe_train import train_step
+from tf1_safe_train.cluster import replication
+from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import finite_state
+from tf1_safe_train.trainer import hooks as hooks_lib
+from tf1_safe_train.trainer import run_summary
+from tf1_safe_train.trainer import stop_signals
+from tf1_safe_train.trainer import train_dir as train_dir_lib
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 
@@ -69,7 +70,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         **({"loss_scale": step.loss_scale.scale} if step.loss_scale else {})))
     # With a loss scale, skips that halve it are expected overflows; only
     # skips at the floor scale are faults that count toward giving up.
-    give_up = hooks_lib.GiveUpHook(
+    give_up = core_hooks.GiveUpHook(
         step.loss_scale.floor_skips if step.loss_scale
         else step.counters.consecutive_skips, params.max_consecutive_skips)
     on_signal = stop_signals.StopOnSignalHook(

@@ -1,58 +1,22 @@
-"""SessionRunHooks: progress, skip report, give-up, the last step.
+"""The trainer's SessionRunHooks: progress, skip report, the last step, stats.
 
-(Signals: see stop_signals.py.)
-
-Every value a hook reports is read after the step's update (the counters come
-from `counters.read_after`, the applied flag from the decision itself), never
-from a raw variable read that is unordered relative to the update. Such reads
-run the train op, so a hook fetches them only on runs that run it anyway
-(`fetch_gate`): `sess.run(loss, {x: validation_batch})` never trains.
+(The gated base and `GiveUpHook`, which a wrapper user needs too, are in
+core/hooks.py; signals in stop_signals.py.) As there, every value is read
+after the step's update and fetched only on runs that run the train op.
 """
 
 import time
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import fetch_gate
-from tf1_safe_train import write_check
+from tf1_safe_train.core import hooks as core_hooks
 
 tf1 = tf.compat.v1
 
 
-class GatedHook(tf1.train.SessionRunHook):
-  """A hook whose fetches are added only to runs that run their effects.
 
-  Subclasses set `self._fetches` and handle `after_run` only when
-  `self._fetched` (True when this run carried the hook's fetches). A run
-  that executes two steps built by `SkipNonFiniteOptimizer` (which would
-  count one step twice) is refused before it runs.
-  """
-
-  _fetches = None
-  _gate = None
-  _fetched = False
-
-  def begin(self):
-    # A new session may come with a new graph: what was learned of the old
-    # one's fetches does not hold.
-    self._gate = None
-
-  def check_new_run(self, ops):
-    """Called before the first run of each distinct set of fetched `ops`."""
-    write_check.check_one_step(ops)
-
-  def before_run(self, run_context):
-    if self._gate is None:
-      self._gate = fetch_gate.FetchGate(self._fetches, self.check_new_run)
-    self._fetched = self._gate.allows(run_context)
-    if not self._fetched:
-      return None
-    return tf1.train.SessionRunArgs(self._fetches)
-
-
-class ProgressHook(GatedHook):
+class ProgressHook(core_hooks.GatedHook):
   """Logs step, loss, learning rate, examples/s, applied and skipped."""
 
   def __init__(self, step_index, loss, learning_rate, counters,
@@ -109,7 +73,7 @@ class ProgressHook(GatedHook):
         step + 1, results["loss"], results["lr"],
         "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
         counters.applied_steps, counters.skipped_steps,
-        "  loss scale %s" % format_scale(results["loss_scale"])
+        "  loss scale %s" % core_hooks.format_scale(results["loss_scale"])
         if "loss_scale" in results else "")
     if self._summary_dir and self.examples_per_sec:
       writer = tf1.summary.FileWriterCache.get(self._summary_dir)
@@ -119,51 +83,7 @@ class ProgressHook(GatedHook):
           step + 1)
 
 
-def format_scale(scale):
-  """A loss scale as printed: whole numbers in full (1048576, not 1.04858e+06)."""
-  scale = float(scale)
-  if scale.is_integer() and abs(scale) < 2.0**53:
-    return "%d" % scale
-  return "%g" % scale
-
-
-def describe_skip(step, tower_flags, average_flags, variable_names,
-                  tower_devices, max_names=5):
-  """Returns the one-line report of a skipped step.
-
-  Args:
-    step: the step index (global_step at its start).
-    tower_flags: bool array [num_towers, num_variables], per-tower non-finite
-      gradient flags.
-    average_flags: bool array [num_variables], flags of the averaged gradients.
-    variable_names: names aligned with the flags' last axis.
-    tower_devices: device string of each tower ("" if unknown: not shown).
-    max_names: how many variable names to list before "+N more".
-
-  Returns:
-    A string.
-  """
-  tower_flags = np.asarray(tower_flags, dtype=bool).reshape(
-      len(tower_devices), -1)
-  bad_towers = [i for i in range(len(tower_devices)) if tower_flags[i].any()]
-  by_variable = tower_flags.any(axis=0) | np.asarray(average_flags, dtype=bool)
-  names = [n for n, bad in zip(variable_names, by_variable) if bad]
-  shown = ", ".join(names[:max_names])
-  if len(names) > max_names:
-    shown += ", ... (+%d more, %d in all)" % (len(names) - max_names,
-                                             len(names))
-  if bad_towers:
-    where = "in tower%s %s" % (
-        "s" if len(bad_towers) > 1 else "",
-        ", ".join("%d (%s)" % (i, tower_devices[i]) if tower_devices[i]
-                  else "%d" % i for i in bad_towers))
-  else:
-    where = "in the averaged gradients (every tower was finite: overflow)"
-  return "skipped step %d: non-finite gradients %s; variables: %s" % (
-      step, where, shown or "-")
-
-
-class SkipReportHook(GatedHook):
+class SkipReportHook(core_hooks.GatedHook):
   """On every skipped step, logs where the non-finite gradients were."""
 
   def __init__(self, step_index, applied, tower_flags, average_flags,
@@ -197,47 +117,19 @@ class SkipReportHook(GatedHook):
     results = run_values.results
     if results["applied"]:
       return
-    report = describe_skip(int(results["step"]), results["towers"],
+    report = core_hooks.describe_skip(int(results["step"]), results["towers"],
                            results["average"], self._variable_names,
                            self._tower_devices)
     if "loss_scale" in results:
       scale = float(results["loss_scale"])
       if scale > self._floor:
         report += ("; loss-scale overflow at scale %s (expected: the scale "
-                   "halves)" % format_scale(scale))
+                   "halves)" % core_hooks.format_scale(scale))
       else:
         report += ("; at the floor loss scale %s: a real fault (counts "
-                   "toward --max_consecutive_skips)" % format_scale(scale))
+                   "toward --max_consecutive_skips)"
+                   % core_hooks.format_scale(scale))
     logging.warning("%s", report)
-
-
-class GiveUpHook(GatedHook):
-  """Stops the run after `max_consecutive_skips` skipped steps in a row.
-
-  It requests a stop rather than raising, so the session closes normally and
-  the final checkpoint is written: skipped steps change nothing of the model,
-  so that checkpoint holds the last good state. `gave_up` tells the caller.
-  """
-
-  def __init__(self, consecutive_skips, max_consecutive_skips):
-    """Creates the hook.
-
-    Args:
-      consecutive_skips: int tensor read after the step.
-      max_consecutive_skips: give up when this many steps in a row were
-        skipped; 0 never gives up.
-    """
-    self._fetches = consecutive_skips
-    self._max = max_consecutive_skips
-    self.gave_up = False
-
-  def after_run(self, run_context, run_values):
-    if self._fetched and self._max and run_values.results >= self._max:
-      self.gave_up = True
-      logging.error("giving up: %d consecutive steps skipped "
-                    "(--max_consecutive_skips=%d)", run_values.results,
-                    self._max)
-      run_context.request_stop()
 
 
 class StopAtStepHook(tf1.train.StopAtStepHook):
@@ -263,7 +155,7 @@ class StopAtStepHook(tf1.train.StopAtStepHook):
       coord.request_stop()
 
 
-class RunStatsHook(GatedHook):
+class RunStatsHook(core_hooks.GatedHook):
   """Keeps the latest values `run_summary.json` reports."""
 
   def __init__(self, fetches):

@@ -10,7 +10,7 @@ aggregate step, for all workers.
 
 import tensorflow as tf
 
-from tf1_safe_train import guard
+from tf1_safe_train.core import guard
 
 tf1 = tf.compat.v1
 

@@ -11,8 +11,8 @@ import os
 
 import tensorflow as tf
 
-from tf1_safe_train import checkpoints
-from tf1_safe_train import counters as counters_lib
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.trainer import checkpoints
 
 tf1 = tf.compat.v1
 

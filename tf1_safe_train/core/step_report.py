@@ -11,10 +11,10 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import guard
-from tf1_safe_train import hooks
-from tf1_safe_train import rollback
-from tf1_safe_train import write_check
+from tf1_safe_train.core import guard
+from tf1_safe_train.core import hooks
+from tf1_safe_train.core import rollback
+from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
 

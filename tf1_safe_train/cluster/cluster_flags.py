@@ -7,8 +7,8 @@ error: which one a process follows must not depend on a precedence rule
 nobody remembers. Like `cluster`, this module never imports TensorFlow.
 """
 
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import flag_specs
+from tf1_safe_train.cluster import spec as cluster_lib
+from tf1_safe_train.trainer import flag_specs
 
 _Spec = flag_specs.FlagSpec
 FLAGS = (

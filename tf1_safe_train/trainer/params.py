@@ -9,8 +9,8 @@ value.
 import dataclasses
 import math
 
-from tf1_safe_train import checks
-from tf1_safe_train import flag_specs
+from tf1_safe_train.core import checks
+from tf1_safe_train.trainer import flag_specs
 
 MODELS = ("small_cnn", "resnet20")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -122,7 +122,7 @@ class TrainParams(object):
       "grads", "What the drill poisons: a tower's grads, loss or input "
       "images.", INJECT_INTO)
   seed: int = _param(0, "Graph-level random seed.")
-  # In a cluster (see cluster.py); ignored on one machine.
+  # In a cluster (see cluster/spec.py); ignored on one machine.
   sync_replicas: bool = _param(
       False, "Cluster: aggregate every worker's gradients and decide "
       "apply/skip on the aggregate (one poisoned replica skips the step for "

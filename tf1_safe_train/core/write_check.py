@@ -16,10 +16,10 @@ import tensorflow as tf
 # Only to keep GUARD_RESULTS out of exported meta graphs (see below).
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
-from tf1_safe_train import cond_walk
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import fetch_gate
-from tf1_safe_train import rollback
+from tf1_safe_train.core import cond_walk
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import fetch_gate
+from tf1_safe_train.core import rollback
 
 tf1 = tf.compat.v1
 

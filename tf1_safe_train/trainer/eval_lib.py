@@ -12,9 +12,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train import checkpoints
 from tf1_safe_train import data
 from tf1_safe_train import models
+from tf1_safe_train.trainer import checkpoints
 
 tf1 = tf.compat.v1
 

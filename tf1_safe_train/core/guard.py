@@ -10,9 +10,9 @@ import collections
 
 import tensorflow as tf
 
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import rollback
-from tf1_safe_train import writes
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import rollback
+from tf1_safe_train.core import writes
 
 tf1 = tf.compat.v1
 

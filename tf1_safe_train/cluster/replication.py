@@ -38,12 +38,12 @@ import contextlib
 from absl import logging
 import tensorflow as tf
 
-from tf1_safe_train import cluster as cluster_lib
-from tf1_safe_train import ps_watch
-from tf1_safe_train import replicas
-from tf1_safe_train import rollback
-from tf1_safe_train import sync_replicas
-from tf1_safe_train import towers
+from tf1_safe_train.cluster import ps_watch
+from tf1_safe_train.cluster import replicas
+from tf1_safe_train.cluster import spec as cluster_lib
+from tf1_safe_train.cluster import sync_replicas
+from tf1_safe_train.core import rollback
+from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
 

@@ -11,13 +11,13 @@ Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`, plus
 from absl import logging
 import tensorflow as tf
 
-from tf1_safe_train import counters as counters_lib
-from tf1_safe_train import guard
-from tf1_safe_train import loss_scale as loss_scale_lib
-from tf1_safe_train import per_device
-from tf1_safe_train import rollback
-from tf1_safe_train import step_report
-from tf1_safe_train import write_check
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import guard
+from tf1_safe_train.core import loss_scale as loss_scale_lib
+from tf1_safe_train.core import per_device
+from tf1_safe_train.core import rollback
+from tf1_safe_train.core import step_report
+from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
 

@@ -24,18 +24,18 @@ import collections
 
 import tensorflow as tf
 
-from tf1_safe_train import counters as counters_lib
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import guard
+from tf1_safe_train.core import loss_scale as loss_scale_lib
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import rollback
 from tf1_safe_train import data
-from tf1_safe_train import drill as drill_lib
-from tf1_safe_train import guard
-from tf1_safe_train import loss_scale as loss_scale_lib
 from tf1_safe_train import models
-from tf1_safe_train import optimization
-from tf1_safe_train import optimizer as optimizer_lib
-from tf1_safe_train import precision
-from tf1_safe_train import rollback
-from tf1_safe_train import step_summaries
-from tf1_safe_train import towers
+from tf1_safe_train.trainer import drill as drill_lib
+from tf1_safe_train.trainer import optimization
+from tf1_safe_train.trainer import precision
+from tf1_safe_train.trainer import step_summaries
+from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
 

@@ -8,7 +8,7 @@ refused when the graph is built. `rollback` restores what it finds.
 
 import tensorflow as tf
 
-from tf1_safe_train import cond_walk
+from tf1_safe_train.core import cond_walk
 
 tf1 = tf.compat.v1
 

@@ -5,7 +5,7 @@ import time
 
 from absl import logging
 
-from tf1_safe_train import cluster as cluster_lib
+from tf1_safe_train.cluster import spec as cluster_lib
 
 
 class ParameterServerWatch(object):

@@ -1,0 +1,3 @@
+"""The trainer's replication: strategies, replicas on TF gRPC, the cluster
+spec and flags, and the launcher of //:local_cluster.
+"""
