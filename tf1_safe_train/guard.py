@@ -58,8 +58,8 @@ def is_nonfinite(grad):
   large finite gradients. It runs on the gradient's own device.
 
   A tensor is checked once per graph: asking again for the same tensor
-  (outside control flow) returns the same flag, so the trainer's per-tower
-  flags and its decision's flags share their ops when both see one tower's
+  (outside control flow) returns the same flag, so a report's per-tower
+  flags and a decision's flags share their ops when both see one tower's
   gradients (the check is a pass over every gradient; bench/guard_overhead.py
   measures it). The check reads nothing but `grad`, so it is built free of
   the caller's control dependencies.
