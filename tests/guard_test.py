@@ -190,6 +190,37 @@ class IsNonfiniteTest(tf.test.TestCase):
         self.assertTrue(sess.run(flag, {x: [1e308, _NAN]}))
 
 
+class AnyNonfiniteTest(tf.test.TestCase):
+
+  def testOneFlagOverMixedShapesDtypesAndSlices(self):
+    with tf.Graph().as_default():
+      value = tf1.placeholder(tf.float32, [])
+      half = tf1.placeholder(tf.float16, [])
+
+      def grads(where):
+        # Two [k, 3] tensors (one group), a [2, 2] and a scalar (flattened),
+        # a float16 vector, IndexedSlices and a None.
+        pick = lambda i, v: tf.fill(tf.shape(v), value) if i == where else v
+        return [pick(0, tf.ones([2, 3])), pick(1, tf.ones([4, 3])),
+                pick(2, tf.ones([2, 2])), pick(3, tf.constant(1.0)),
+                tf.fill([3], half) if where == 4 else tf.ones([3], tf.float16),
+                tf.IndexedSlices(pick(5, tf.ones([2, 3])),
+                                 tf.constant([0, 0]), tf.constant([4, 3])),
+                None]
+      flags = [guard.any_nonfinite(grads(w)) for w in range(-1, 6)]
+      with self.cached_session() as sess:
+        for v in (1.0, 3e38, float("nan"), float("inf"), -float("inf")):
+          # float16 gets the non-finite values only (3e38 would be Inf).
+          got = sess.run(flags, {value: v, half: 1.0 if np.isfinite(v) else v})
+          bad = not np.isfinite(v)
+          self.assertEqual([False] + [bad] * 6, got, v)
+        self.assertTrue(sess.run(flags[5], {value: 1.0, half: np.inf}))
+
+  def testNoGradientIsFinite(self):
+    with tf.Graph().as_default(), self.cached_session() as sess:
+      self.assertFalse(sess.run(guard.any_nonfinite([None])))
+
+
 class SumDuplicatesTest(tf.test.TestCase):
 
   def testSumsValuesOfRepeatedIndicesInFirstSeenOrder(self):

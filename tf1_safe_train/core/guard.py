@@ -58,8 +58,8 @@ def is_nonfinite(grad):
   large finite gradients. It runs on the gradient's own device.
 
   A tensor is checked once per graph: asking again for the same tensor
-  (outside control flow) returns the same flag, so the trainer's per-tower
-  flags and its decision's flags share their ops when both see one tower's
+  (outside control flow) returns the same flag, so a report's per-tower
+  flags and a decision's flags share their ops when both see one tower's
   gradients (the check is a pass over every gradient; bench/guard_overhead.py
   measures it). The check reads nothing but `grad`, so it is built free of
   the caller's control dependencies.
@@ -148,6 +148,44 @@ def nonfinite_flags(grads):
   if not flags:
     return tf.zeros([0], dtype=tf.bool)
   return tf.stack(flags)
+
+
+def any_nonfinite(grads):
+  """Returns a bool scalar: True if any of `grads` holds a NaN or an Inf.
+
+  One fused check for many tensors (a tower's gradients), whose ops do not
+  grow per tensor the way one `is_nonfinite` chain each does: tensors of one
+  dtype and the same shape but the first dimension are concatenated along it
+  and checked by one exact `is_finite` pass per such group; the others are
+  flattened (a `Reshape`, no kernel launch on a GPU) into one more group. It
+  says whether, not which: per-tensor flags are the decision's.
+  `IndexedSlices` are checked through their values, `None` entries ignored.
+  """
+  values = [g.values if isinstance(g, tf.IndexedSlices) else g
+            for g in grads if g is not None]
+  if not values:
+    return tf.constant(False)
+  with tf1.name_scope("any_nonfinite"):
+    groups = collections.OrderedDict()
+    for v in values:
+      shape = v.shape
+      key = ((v.dtype.base_dtype, tuple(shape[1:].as_list()))
+             if shape.rank and shape[1:].is_fully_defined() else None)
+      groups.setdefault(key, []).append(v)
+    checked = []
+    flat = collections.OrderedDict()
+    for key, vs in groups.items():
+      if key is not None and len(vs) > 1:
+        checked.append(tf.concat(vs, axis=0))
+      else:
+        for v in vs:
+          flat.setdefault(v.dtype.base_dtype, []).append(
+              v if v.shape.rank == 1 else tf.reshape(v, [-1]))
+    checked += [vs[0] if len(vs) == 1 else tf.concat(vs, axis=0)
+                for vs in flat.values()]
+    flags = [tf.reduce_all(tf.math.is_finite(c)) for c in checked]
+    return tf.logical_not(flags[0] if len(flags) == 1
+                          else tf.reduce_all(tf.stack(flags)))
 
 
 def _increment(variable):

@@ -67,7 +67,9 @@ def describe_skip(step, tower_flags, average_flags, variable_names,
   Args:
     step: the step index (global_step at its start).
     tower_flags: bool array [num_towers, num_variables], per-tower non-finite
-      gradient flags.
+      gradient flags, or [num_towers], one fused flag per tower (the
+      trainer's: the variables are then named by `average_flags` alone, as
+      a non-finite value of any tower survives averaging).
     average_flags: bool array [num_variables], flags of the averaged gradients.
     variable_names: names aligned with the flags' last axis.
     tower_devices: device string of each tower ("" if unknown: not shown).
@@ -76,10 +78,13 @@ def describe_skip(step, tower_flags, average_flags, variable_names,
   Returns:
     A string.
   """
-  tower_flags = np.asarray(tower_flags, dtype=bool).reshape(
-      len(tower_devices), -1)
+  tower_flags = np.asarray(tower_flags, dtype=bool)
+  by_variable = np.asarray(average_flags, dtype=bool)
+  if tower_flags.ndim != 1:
+    tower_flags = tower_flags.reshape(len(tower_devices), -1)
+    by_variable = tower_flags.any(axis=0) | by_variable
+  tower_flags = tower_flags.reshape(len(tower_devices), -1)
   bad_towers = [i for i in range(len(tower_devices)) if tower_flags[i].any()]
-  by_variable = tower_flags.any(axis=0) | np.asarray(average_flags, dtype=bool)
   names = [n for n, bad in zip(variable_names, by_variable) if bad]
   shown = ", ".join(names[:max_names])
   if len(names) > max_names:

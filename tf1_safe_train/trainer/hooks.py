@@ -94,7 +94,8 @@ class SkipReportHook(core_hooks.GatedHook):
     Args:
       step_index: int scalar tensor, global_step at the start of the step.
       applied: bool scalar tensor from the decision.
-      tower_flags: bool tensor [num_towers, num_variables].
+      tower_flags: bool tensor [num_towers, num_variables] or [num_towers]
+        (see `describe_skip`).
       average_flags: bool tensor [num_variables].
       variable_names: Python list aligned with the flags.
       tower_devices: Python list of each tower's device string.

@@ -63,6 +63,16 @@ Attributes:
 
 SkipReport = collections.namedtuple("SkipReport", [
     "tower_flags", "average_flags", "variable_names", "tower_devices"])
+SkipReport.__doc__ = """What a skipped step's report line is made of.
+
+Attributes:
+  tower_flags: bool [num_towers], one fused flag per tower (True = some
+    gradient of that tower was non-finite).
+  average_flags: bool [len(variable_names)], the decision's per-variable
+    flags of the averaged gradients (which name the variables: a NaN/Inf of
+    any tower survives averaging).
+  variable_names, tower_devices: Python lists.
+"""
 
 
 def _weight_decay_loss(rate):
@@ -150,15 +160,14 @@ class _Update(tf1.train.Optimizer):
       return ema.apply(tf1.trainable_variables())
 
 
-def _glue_to_tower0(tower_flags, flags):
-  """`tower_flags` with columns `flags` in tower 0's row, False elsewhere.
+def _or_tower0(tower_nonfinite, nonfinite):
+  """`tower_nonfinite` with tower 0's flag or-ed with `nonfinite`.
 
-  The statistics come from tower 0 (as in model_deploy): its row reports
+  The statistics come from tower 0 (as in model_deploy): its flag reports
   them.
   """
-  none = tf.zeros_like(flags)
-  rows = [flags] + [none] * (tower_flags.shape[0] - 1)
-  return tf.concat([tower_flags, tf.stack(rows)], axis=1)
+  return tf.concat([tf.logical_or(tower_nonfinite[:1], nonfinite),
+                    tower_nonfinite[1:]], axis=0)
 
 
 def _input(params, worker_index, dataset_fn):
@@ -225,18 +234,28 @@ def build_step(params, strategy, dataset_fn=None):
     loss, grads_and_vars = tower_loss_and_grads(
         params, images, labels, model_fn, optimizer,
         drill.tower(step_index, i, strategy.worker_index), loss_scale, scale)
-    return loss, grads_and_vars, guard.nonfinite_flags(
-        [g for g, _ in grads_and_vars])
+    # Good steps pay for the decision only: the averaged gradients' checks
+    # (a NaN/Inf of any tower survives averaging) name the variables, and
+    # each tower adds one fused flag, which keeps the tower of a fault that
+    # would not reproduce. One tower's gradients are the averaged ones: its
+    # flag is the decision's (below).
+    flag = (guard.any_nonfinite([g for g, _ in grads_and_vars])
+            if num_towers > 1 else None)
+    return loss, grads_and_vars, flag
 
   outputs = towers.build_towers(config, tower_fn)
-  tower_flags = tf.stack([flags for _, _, flags in outputs])
   grads_and_vars = towers.average_gradients([gv for _, gv, _ in outputs])
   # Like model_deploy: batch-norm statistics come from the first tower.
   statistics, update_ops = strategy.statistics(tf1.get_collection(
       tf1.GraphKeys.UPDATE_OPS, config.tower_scope(0)))
-  if statistics:
-    tower_flags = _glue_to_tower0(
-        tower_flags, guard.nonfinite_flags([d for d, _ in statistics]))
+  if num_towers > 1:
+    tower_nonfinite = tf.stack([flag for _, _, flag in outputs])
+    if statistics:
+      tower_nonfinite = _or_tower0(
+          tower_nonfinite, guard.any_nonfinite([d for d, _ in statistics]))
+  else:
+    # The worker's own view in a cluster checks these gradients anyway.
+    tower_nonfinite = tf.zeros([1], tf.bool)
 
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
@@ -249,16 +268,16 @@ def build_step(params, strategy, dataset_fn=None):
     with tf1.control_dependencies([step_index]):
       step_op = strategy.decider(guarded).apply_gradients(
           pairs, global_step=global_step)
-    tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
     result = strategy.result(guarded, pairs, tower_nonfinite)
     average_flags, names = result.nonfinite_flags, result.variable_names
     if result.update_variable_names:
       # The checked statistics are tower 0's (as in a cluster).
-      tower_flags = _glue_to_tower0(tower_flags, result.update_flags)
-      tower_nonfinite = tf.reduce_any(tower_flags, axis=1)
-      average_flags = tf.concat(
-          [average_flags, tf.zeros_like(result.update_flags)], axis=0)
+      tower_nonfinite = _or_tower0(tower_nonfinite,
+                                   tf.reduce_any(result.update_flags))
+      average_flags = tf.concat([average_flags, result.update_flags], axis=0)
       names = names + result.update_variable_names
+    if num_towers == 1:
+      tower_nonfinite = tf.reshape(tf.reduce_any(average_flags), [1])
     with tf1.control_dependencies([step_op]):
       totals = [
           tf1.assign_add(nonfinite_by_tower,
@@ -280,7 +299,7 @@ def build_step(params, strategy, dataset_fn=None):
   step = Step(
       train_op=train_op, step_index=step_index, loss=loss,
       learning_rate=learning_rate, applied=result.applied, counters=after,
-      report=SkipReport(tower_flags, average_flags, names,
+      report=SkipReport(tower_nonfinite, average_flags, names,
                         strategy.tower_devices()),
       totals=totals,
       loss_scale=loss_scale.read_after(train_op) if loss_scale else None,
