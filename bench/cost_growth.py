@@ -12,9 +12,6 @@ Flags live here and only here; `cost_growth_lib.run(GrowthConfig(...))`
 does the work.
 """
 
-import json
-import sys
-
 from absl import app
 from absl import flags
 from absl import logging
@@ -109,17 +106,9 @@ def main(argv):
   except ValueError as e:
     cli.fail(_PROGRAM, e)
   results = cost_growth_lib.run(config, log_fn=logging.info)
-  table = cost_growth_lib.markdown(results)
-  sys.stdout.write(table + "\n")
-  sys.stdout.flush()
-  json_out = cli.resolve_path(FLAGS.json_out)
-  if json_out:
-    timing.write_text(json_out, json.dumps(results, indent=2) + "\n")
-    logging.info("results: %s", json_out)
-  markdown_out = cli.resolve_path(FLAGS.markdown_out)
-  if markdown_out:
-    timing.write_text(markdown_out, table + "\n")
-    logging.info("table: %s", markdown_out)
+  timing.publish(results, cost_growth_lib.markdown(results),
+                 cli.resolve_path(FLAGS.json_out),
+                 cli.resolve_path(FLAGS.markdown_out), logging.info)
 
 
 if __name__ == "__main__":

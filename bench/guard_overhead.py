@@ -9,9 +9,6 @@ RSS) and writes the full results as JSON to --json_out. Flags live here and
 only here; `guard_overhead_lib.run(BenchConfig(...))` does the work.
 """
 
-import json
-import sys
-
 from absl import app
 from absl import flags
 from absl import logging
@@ -96,17 +93,9 @@ def main(argv):
   except ValueError as e:
     cli.fail(_PROGRAM, e)
   results = guard_overhead_lib.run(config, log_fn=logging.info)
-  table = guard_overhead_lib.markdown(results)
-  sys.stdout.write(table + "\n")
-  sys.stdout.flush()
-  json_out = cli.resolve_path(FLAGS.json_out)
-  if json_out:
-    timing.write_text(json_out, json.dumps(results, indent=2) + "\n")
-    logging.info("results: %s", json_out)
-  markdown_out = cli.resolve_path(FLAGS.markdown_out)
-  if markdown_out:
-    timing.write_text(markdown_out, table + "\n")
-    logging.info("table: %s", markdown_out)
+  timing.publish(results, guard_overhead_lib.markdown(results),
+                 cli.resolve_path(FLAGS.json_out),
+                 cli.resolve_path(FLAGS.markdown_out), logging.info)
 
 
 if __name__ == "__main__":

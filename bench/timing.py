@@ -9,8 +9,10 @@ prints such results.
 """
 
 import collections
+import json
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -165,6 +167,26 @@ def write_text(path, text):
     os.makedirs(directory, exist_ok=True)
   with open(path, "w") as f:
     f.write(text)
+
+
+def publish(results, table, json_out, markdown_out, log_fn):
+  """Prints a benchmark's table; writes it and its JSON results if asked.
+
+  Args:
+    results: the JSON-able results.
+    table: their Markdown table.
+    json_out: path for the JSON, or "" for none.
+    markdown_out: path for the table, or "" for none.
+    log_fn: `log_fn(format, *args)` names each file written.
+  """
+  sys.stdout.write(table + "\n")
+  sys.stdout.flush()
+  if json_out:
+    write_text(json_out, json.dumps(results, indent=2) + "\n")
+    log_fn("results: %s", json_out)
+  if markdown_out:
+    write_text(markdown_out, table + "\n")
+    log_fn("table: %s", markdown_out)
 
 
 def markdown_table(header, rows):

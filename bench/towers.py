@@ -7,9 +7,6 @@ Prints a Markdown table and writes the results as JSON to --json_out. Flags
 live here and only here; `towers_lib.run(TowersConfig(...))` does the work.
 """
 
-import json
-import sys
-
 from absl import app
 from absl import flags
 from absl import logging
@@ -63,12 +60,8 @@ def main(argv):
   except (ValueError, params_lib.ParamsError) as e:
     cli.fail(_PROGRAM, e)
   results = towers_lib.run(config, log_fn=logging.info)
-  sys.stdout.write(towers_lib.markdown(results) + "\n")
-  sys.stdout.flush()
-  json_out = cli.resolve_path(FLAGS.json_out)
-  if json_out:
-    timing.write_text(json_out, json.dumps(results, indent=2) + "\n")
-    logging.info("results: %s", json_out)
+  timing.publish(results, towers_lib.markdown(results),
+                 cli.resolve_path(FLAGS.json_out), "", logging.info)
 
 
 if __name__ == "__main__":
