@@ -12,18 +12,13 @@ one table row per cell.
 import collections
 import dataclasses
 import math
-import os
-import platform
 import time
-
-import tensorflow as tf
 
 from bench import cost_growth_variants as variants_lib
 from bench import executed_ops
+from bench import guard_overhead_lib
 from bench import timing
 from tf1_safe_train import models
-
-tf1 = tf.compat.v1
 
 BASELINE = "plain"
 
@@ -224,13 +219,7 @@ def run(config, log_fn=print):
   """
   config.validate()
   start = time.time()
-  machine = {
-      "cpu_count": os.cpu_count(),
-      "load_average_start": timing.load_average(),
-      "tensorflow": tf.__version__,
-      "python": platform.python_version(),
-      "control_flow_v2": tf1.control_flow_v2_enabled(),
-  }
+  machine = guard_overhead_lib.machine_info()
   cells = config.cells()
   cell_budget = config.max_timing_seconds / len(cells)
   results = collections.OrderedDict()

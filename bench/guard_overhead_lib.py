@@ -449,6 +449,17 @@ def measure_model(config, model, log_fn=print):
   return summary
 
 
+def machine_info():
+  """What a benchmark's results say of the machine, at the start of a run."""
+  return {
+      "cpu_count": os.cpu_count(),
+      "load_average_start": timing.load_average(),
+      "tensorflow": tf.__version__,
+      "python": platform.python_version(),
+      "control_flow_v2": tf1.control_flow_v2_enabled(),
+  }
+
+
 def run(config, log_fn=print):
   """Measures every model of `config`; returns the JSON-able results.
 
@@ -464,13 +475,7 @@ def run(config, log_fn=print):
   """
   config.validate()
   start = time.time()
-  machine = {
-      "cpu_count": os.cpu_count(),
-      "load_average_start": timing.load_average(),
-      "tensorflow": tf.__version__,
-      "python": platform.python_version(),
-      "control_flow_v2": tf1.control_flow_v2_enabled(),
-  }
+  machine = machine_info()
   results = {"models": {}}
   for model in config.models:
     results["models"][model] = measure_model(config, model, log_fn)
