@@ -206,7 +206,7 @@ class CostGrowthTest(tf.test.TestCase):
     for workload in ("dense10", "dense30"):
       wrapper = results["cells"][workload + "/towers_1"]["variants"][
           "skip_nonfinite_optimizer"]["extra_executed_by_op_type"]
-      # One exact check per gradient (`guard.is_nonfinite`).
+      # One exact check per gradient (`nonfinite.is_nonfinite`).
       self.assertGreaterEqual(wrapper["IsFinite"], int(workload[5:]))
       # The wrapper sees the averaged gradients only, whatever the towers.
       self.assertEqual(extra[(workload, 1, "skip_nonfinite_optimizer")],

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import guard
+from tf1_safe_train.core import nonfinite
 
 tf1 = tf.compat.v1
 
@@ -16,7 +17,7 @@ _BAD_VALUES = (_NAN, _INF, -_INF)
 def _flag(grad, feed=None):
   """Runs `is_nonfinite(grad)` in a fresh session of grad's graph."""
   with tf1.Session(graph=grad.graph) as sess:
-    return sess.run(guard.is_nonfinite(grad), feed_dict=feed)
+    return sess.run(nonfinite.is_nonfinite(grad), feed_dict=feed)
 
 
 class IsNonfiniteTest(tf.test.TestCase):
@@ -28,7 +29,7 @@ class IsNonfiniteTest(tf.test.TestCase):
   def testFlagsNanAndInfAnywhereInDense(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [2, 3])
-      flag = guard.is_nonfinite(x)
+      flag = nonfinite.is_nonfinite(x)
       cases = 0
       with tf1.Session() as sess:
         for bad in _BAD_VALUES:
@@ -44,12 +45,12 @@ class IsNonfiniteTest(tf.test.TestCase):
   def testSameTensorIsCheckedOnceAndFreeOfControlDependencies(self):
     with tf.Graph().as_default() as graph:
       x = tf1.placeholder(tf.float32, [3])
-      first = guard.is_nonfinite(x)
+      first = nonfinite.is_nonfinite(x)
       with tf1.control_dependencies([tf.no_op(name="unrelated")]):
-        again = guard.is_nonfinite(x)
+        again = nonfinite.is_nonfinite(x)
       self.assertIs(first, again)
       y = x * 2.0
-      other = guard.is_nonfinite(y)
+      other = nonfinite.is_nonfinite(y)
       self.assertIsNot(first, other)
       checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
       self.assertLen(checks, 2)
@@ -57,7 +58,7 @@ class IsNonfiniteTest(tf.test.TestCase):
       # them; it reads nothing but the tensor.
       with tf1.control_dependencies([tf.no_op(name="before")]):
         z = tf.identity(x)
-        flag = guard.is_nonfinite(z)
+        flag = nonfinite.is_nonfinite(z)
       for op in graph.get_operations():
         if op.name.startswith(flag.op.name.split("/")[0]):
           self.assertEmpty(op.control_inputs, op.name)
@@ -71,9 +72,9 @@ class IsNonfiniteTest(tf.test.TestCase):
       pred = tf1.placeholder(tf.bool, [])
       # Asked first inside a branch: that flag must not be handed out again
       # outside it (a branch's tensor cannot be used outside its cond).
-      inside = tf.cond(pred, lambda: guard.is_nonfinite(x),
+      inside = tf.cond(pred, lambda: nonfinite.is_nonfinite(x),
                        lambda: tf.constant(False))
-      outside = guard.is_nonfinite(x)
+      outside = nonfinite.is_nonfinite(x)
       both = tf.logical_and(outside, tf.logical_not(inside))
       with tf1.Session() as sess:
         bad = [1.0, _INF, 2.0]
@@ -90,7 +91,7 @@ class IsNonfiniteTest(tf.test.TestCase):
       loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) * scale)
       grad, = tf.gradients(loss, [table])
       self.assertIsInstance(grad, tf.IndexedSlices)
-      flag = guard.is_nonfinite(grad)
+      flag = nonfinite.is_nonfinite(grad)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         self.assertFalse(sess.run(flag, {scale: 2.0}))
@@ -104,7 +105,7 @@ class IsNonfiniteTest(tf.test.TestCase):
       loss = tf.reduce_sum(tf.gather(params, [0, 2]) * weights)
       grad, = tf.gradients(loss, [params])
       self.assertIsInstance(grad, tf.IndexedSlices)
-      flag = guard.is_nonfinite(grad)
+      flag = nonfinite.is_nonfinite(grad)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         good = np.ones([2, 3], np.float32)
@@ -119,7 +120,7 @@ class IsNonfiniteTest(tf.test.TestCase):
       values = tf1.placeholder(tf.float32, [2, 2])
       slices = tf.IndexedSlices(values, tf.constant([0, 7]),
                                 tf.constant([8, 2]))
-      flag = guard.is_nonfinite(slices)
+      flag = nonfinite.is_nonfinite(slices)
       with tf1.Session() as sess:
         self.assertFalse(sess.run(flag, {values: [[1.0, 2.0], [3.0, 4.0]]}))
         self.assertTrue(sess.run(flag, {values: [[1.0, 2.0], [_INF, 4.0]]}))
@@ -128,8 +129,8 @@ class IsNonfiniteTest(tf.test.TestCase):
     with tf.Graph().as_default():
       bad = tf.constant([1.0, _NAN])
       good = tf.constant([1.0, 2.0])
-      flags = guard.nonfinite_flags([None, bad, None, good])
-      only_none = guard.nonfinite_flags([None, None])
+      flags = nonfinite.nonfinite_flags([None, bad, None, good])
+      only_none = nonfinite.nonfinite_flags([None, None])
       with tf1.Session() as sess:
         flags_value, none_value = sess.run([flags, only_none])
       self.assertTrue(np.array_equal([True, False], flags_value))
@@ -140,7 +141,7 @@ class IsNonfiniteTest(tf.test.TestCase):
     with tf.Graph().as_default():
       grads = [tf.constant([_NAN, _NAN, _INF]), tf.constant([1.0]),
                tf.constant([[-_INF]]), tf.constant(3.0)]
-      flags = guard.nonfinite_flags(grads)
+      flags = nonfinite.nonfinite_flags(grads)
       with tf1.Session() as sess:
         self.assertAllEqual([True, False, True, False], sess.run(flags))
 
@@ -150,7 +151,7 @@ class IsNonfiniteTest(tf.test.TestCase):
       overflows = tf.constant([3e38, 3e38, 3e38], tf.float32)
       with tf1.Session() as sess:
         flags, total, norm = sess.run([
-            guard.nonfinite_flags([near_max, overflows]),
+            nonfinite.nonfinite_flags([near_max, overflows]),
             tf.reduce_sum(overflows),
             tf.linalg.global_norm([near_max]),
         ])
@@ -162,7 +163,7 @@ class IsNonfiniteTest(tf.test.TestCase):
   def testFloat16NearMaxIsNotFlaggedButInfIs(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float16, [3])
-      flag = guard.is_nonfinite(x)
+      flag = nonfinite.is_nonfinite(x)
       with tf1.Session() as sess:
         near_max = np.array([65504, 65504, -60000], np.float16)
         self.assertEqual(np.inf, sess.run(tf.reduce_sum(x), {x: near_max}))
@@ -174,7 +175,7 @@ class IsNonfiniteTest(tf.test.TestCase):
   def testBfloat16NearMaxIsNotFlaggedButInfIs(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
-      flag = guard.is_nonfinite(tf.cast(x, tf.bfloat16))
+      flag = nonfinite.is_nonfinite(tf.cast(x, tf.bfloat16))
       with tf1.Session() as sess:
         self.assertFalse(sess.run(flag, {x: [3e38, 3e38, -3e38]}))
         self.assertFalse(sess.run(flag, {x: [1.0, 2.0, 3.0]}))
@@ -184,7 +185,7 @@ class IsNonfiniteTest(tf.test.TestCase):
   def testFloat64(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float64, [2])
-      flag = guard.is_nonfinite(x)
+      flag = nonfinite.is_nonfinite(x)
       with tf1.Session() as sess:
         self.assertFalse(sess.run(flag, {x: [1e308, -1e308]}))
         self.assertTrue(sess.run(flag, {x: [1e308, _NAN]}))
@@ -207,7 +208,7 @@ class AnyNonfiniteTest(tf.test.TestCase):
                 tf.IndexedSlices(pick(5, tf.ones([2, 3])),
                                  tf.constant([0, 0]), tf.constant([4, 3])),
                 None]
-      flags = [guard.any_nonfinite(grads(w)) for w in range(-1, 6)]
+      flags = [nonfinite.any_nonfinite(grads(w)) for w in range(-1, 6)]
       with self.cached_session() as sess:
         for v in (1.0, 3e38, float("nan"), float("inf"), -float("inf")):
           # float16 gets the non-finite values only (3e38 would be Inf).
@@ -218,7 +219,7 @@ class AnyNonfiniteTest(tf.test.TestCase):
 
   def testNoGradientIsFinite(self):
     with tf.Graph().as_default(), self.cached_session() as sess:
-      self.assertFalse(sess.run(guard.any_nonfinite([None])))
+      self.assertFalse(sess.run(nonfinite.any_nonfinite([None])))
 
 
 class SumDuplicatesTest(tf.test.TestCase):
@@ -228,7 +229,7 @@ class SumDuplicatesTest(tf.test.TestCase):
       slices = tf.IndexedSlices(
           tf.constant([[1.0, 2.0], [10.0, 20.0], [100.0, 200.0]]),
           tf.constant([3, 1, 3]), tf.constant([5, 2]))
-      summed = guard.sum_duplicates(slices)
+      summed = nonfinite.sum_duplicates(slices)
       self.assertIsInstance(summed, tf.IndexedSlices)
       with tf1.Session() as sess:
         values, indices, shape = sess.run(
@@ -242,7 +243,7 @@ class SumDuplicatesTest(tf.test.TestCase):
     # optimizer's own sum of the same indices does.)
     values = np.array([[0.1, -3e-38], [7e37, 1.0 / 3]], np.float32)
     with tf.Graph().as_default():
-      summed = guard.sum_duplicates(
+      summed = nonfinite.sum_duplicates(
           tf.IndexedSlices(tf.constant(values), tf.constant([4, 2])))
       with tf1.Session() as sess:
         got, indices = sess.run([summed.values, summed.indices])
@@ -252,8 +253,8 @@ class SumDuplicatesTest(tf.test.TestCase):
   def testDenseAndNoneAreUnchanged(self):
     with tf.Graph().as_default():
       dense = tf.constant([1.0])
-      self.assertIs(dense, guard.sum_duplicates(dense))
-      self.assertIsNone(guard.sum_duplicates(None))
+      self.assertIs(dense, nonfinite.sum_duplicates(dense))
+      self.assertIsNone(nonfinite.sum_duplicates(None))
 
   def testRepeatedIndicesWhoseSumOverflowsAreSkipped(self):
     # Each value is finite; the row the optimizer would apply is not.

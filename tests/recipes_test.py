@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
-from tf1_safe_train.core import guard
+from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
@@ -50,7 +50,8 @@ class CheckNumericsAtGraphBuildTest(tf.test.TestCase):
                                     "gradient"):
           sess.run(checked, {grad: [_NAN, 1.0]})
         # The guard's check is a value, computed when the step runs.
-        self.assertTrue(sess.run(guard.is_nonfinite(grad), {grad: [_NAN, 1.0]}))
+        self.assertTrue(sess.run(nonfinite.is_nonfinite(grad),
+                                 {grad: [_NAN, 1.0]}))
 
   def testReportsFiniteForNanValuedTensor(self):
     with tf.Graph().as_default():
@@ -60,7 +61,7 @@ class CheckNumericsAtGraphBuildTest(tf.test.TestCase):
       with tf1.Session() as sess:
         with self.assertRaises(tf.errors.InvalidArgumentError):
           sess.run(checked)
-        self.assertTrue(sess.run(guard.is_nonfinite(grad)))
+        self.assertTrue(sess.run(nonfinite.is_nonfinite(grad)))
 
 
 class CheckNumericsPerGradientTest(tf.test.TestCase):

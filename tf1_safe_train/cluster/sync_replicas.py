@@ -11,6 +11,7 @@ aggregate step, for all workers.
 import tensorflow as tf
 
 from tf1_safe_train.core import guard
+from tf1_safe_train.core import nonfinite
 
 tf1 = tf.compat.v1
 
@@ -42,7 +43,7 @@ def replica_view(optimizer, pairs, tower_nonfinite):
   """
   # SyncReplicasHook runs it (a graph only inspected does not).
   optimizer.ready_for_local_init_op.mark_used()
-  flags = guard.nonfinite_flags([g for g, _ in pairs if g is not None])
+  flags = nonfinite.nonfinite_flags([g for g, _ in pairs if g is not None])
   applied = tf.logical_not(tf.logical_or(tf.reduce_any(tower_nonfinite),
                                          tf.reduce_any(flags)),
                            name="replica_finite")

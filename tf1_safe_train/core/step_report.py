@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import hooks
+from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import write_check
 
@@ -129,7 +130,7 @@ def tower_flags(grads_and_vars, tower_grads_and_vars):
   for tower in tower_grads_and_vars:
     tower = list(tower)
     by_var = {id(v): g for g, v in tower}
-    row = [guard.is_nonfinite(by_var[id(v)])
+    row = [nonfinite.is_nonfinite(by_var[id(v)])
            if by_var.get(id(v)) is not None else tf.constant(False)
            for v in checked]
     rows.append(tf.stack(row) if row else tf.zeros([0], tf.bool))

@@ -6,7 +6,7 @@ never restores from, nor prunes, the directory it came from). Before a run
 resumes, `prepare_resume` picks the state file's latest checkpoint if it is
 intact, else the newest intact `model.ckpt-N` present (a truncated, zeroed
 or non-finite one, a missing state file, a state file pointing elsewhere
-each cost one warning line, never the run), and `check_compatible` names the
+each cost one warning line, never the run), and `checkpoint_fit` names the
 variable a different model or flag would fail on. `FiniteSaver` never writes
 a checkpoint holding a non-finite value.
 """
@@ -19,6 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import finite_state
 
 tf1 = tf.compat.v1
@@ -134,7 +135,7 @@ def prepare_resume(train_dir, variables=None, params=None):
   Args:
     train_dir: the run's directory (this trainer holds its lock).
     variables: optional variables the run restores, checked against the
-      checkpoint (`check_compatible`) with `params`.
+      checkpoint (`checkpoint_fit.mismatch`) with `params`.
     params: the run's `params.TrainParams` (with `variables`).
 
   Returns:
@@ -180,7 +181,9 @@ def prepare_resume(train_dir, variables=None, params=None):
           int(n.rsplit("-", 1)[1]) < step]
   path = os.path.join(train_dir, name)
   if variables is not None:
-    check_compatible(path, variables, params)
+    problem = checkpoint_fit.mismatch(path, variables, params)
+    if problem:
+      raise CheckpointError(problem)
   _write_state(train_dir, name, kept + [name])
   return path
 
@@ -197,105 +200,6 @@ def latest(train_dir):
     if damage(path) is None:
       return path
   return None
-
-
-# Variable-name fragments and the flag that adds them (first match wins).
-_FLAG_HINTS = (
-    ("ExponentialMovingAverage", "--moving_average_decay"),
-    ("loss_scale", "--precision"),
-    ("Momentum", "--optimizer"), ("Adam", "--optimizer"),
-    ("RMSProp", "--optimizer"), ("beta1_power", "--optimizer"),
-    ("beta2_power", "--optimizer"),
-    ("nonfinite_steps_by_tower", "--num_towers"),
-)
-_COMPARED_FLAGS = ("model", "num_towers", "precision", "optimizer",
-                   "moving_average_decay")
-
-
-def _previous_params(train_dir):
-  try:
-    with open(os.path.join(train_dir, "run_summary.json")) as f:
-      return json.load(f).get("params") or {}
-  except (OSError, ValueError, AttributeError):
-    return {}
-
-
-# Variables whose name in older checkpoints differs: name now -> former name.
-# Adam's beta powers were created in the trainer's decision scope ("apply/")
-# until the trainer shared the wrapper's step, which creates them where an
-# unwrapped optimizer does; runs written before still resume.
-_FORMER_NAMES = {"beta1_power": "apply/beta1_power",
-                 "beta2_power": "apply/beta2_power"}
-
-
-def names_in(checkpoint, variables):
-  """Each of `variables` by its name in `checkpoint` (a `Saver`'s var_list).
-
-  A variable absent from `checkpoint` under its name but present under a
-  former name (`_FORMER_NAMES`) keeps the former name, for restoring and for
-  the run's later saves alike.
-
-  Args:
-    checkpoint: the checkpoint the run resumes from, or None.
-    variables: the variables to save and restore.
-
-  Returns:
-    A dict {name in the checkpoint: variable}.
-  """
-  shapes = (tf1.train.NewCheckpointReader(checkpoint)
-            .get_variable_to_shape_map() if checkpoint else {})
-  names = {}
-  for v in variables:
-    name = v.op.name
-    former = _FORMER_NAMES.get(name)
-    if name not in shapes and former in shapes:
-      name = former
-    names[name] = v
-  return names
-
-
-def saver_var_list(checkpoint, variables):
-  """`names_in`, or None when every name is today's (the Saver's default)."""
-  names = names_in(checkpoint, variables)
-  if all(name == v.op.name for name, v in names.items()):
-    return None
-  return names
-
-
-def check_compatible(checkpoint, variables, params):
-  """Raises CheckpointError if `checkpoint` cannot restore `variables`.
-
-  Args:
-    checkpoint: the checkpoint the run resumes from.
-    variables: the variables the saver restores.
-    params: the run's `params.TrainParams`.
-  """
-  reader = tf1.train.NewCheckpointReader(checkpoint)
-  shapes = reader.get_variable_to_shape_map()
-  problem = None
-  for name, v in names_in(checkpoint, variables).items():
-    if name not in shapes:
-      problem = name, "is not in it"
-    elif list(shapes[name]) != v.shape.as_list():
-      problem = name, "has shape %s there, %s here" % (shapes[name],
-                                                       v.shape.as_list())
-    if problem:
-      break
-  if problem is None:
-    return
-  name, what = problem
-  previous = _previous_params(os.path.dirname(checkpoint))
-  differ = ["--%s=%s (now %s)" % (f, previous[f], getattr(params, f))
-            for f in _COMPARED_FLAGS
-            if f in previous and previous[f] != getattr(params, f)]
-  if differ:
-    hint = "the run that wrote it had " + ", ".join(differ)
-  else:
-    flag = next((f for frag, f in _FLAG_HINTS if frag in name), "--model")
-    hint = "%s probably differs from the run that wrote it" % flag
-  raise CheckpointError(
-      "cannot resume from %s: variable %s %s; %s (use the same flags, or a "
-      "new --train_dir)" % (checkpoint, name, what, hint))
 
 
 class FiniteSaver(tf1.train.Saver):

@@ -139,3 +139,16 @@ def clip_by_global_norm(grads_and_vars, clip_norm):
       else:
         clipped.append((clip(g), v))
   return clipped, norm
+
+
+def weight_decay_loss(rate):
+  """`rate` times the L2 loss of the weights (variables named "*weights").
+
+  None when `rate` is 0 or the model has no such variable.
+  """
+  weights = [v for v in tf1.trainable_variables()
+             if v.op.name.endswith("weights")]
+  if not rate or not weights:
+    return None
+  with tf1.name_scope("weight_decay"):
+    return rate * tf.add_n([tf.nn.l2_loss(w) for w in weights])

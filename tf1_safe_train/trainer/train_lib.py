@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import finite_state
 from tf1_safe_train.trainer import hooks as hooks_lib
@@ -109,7 +110,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     # Relative paths: a copied or moved train_dir stays self-contained.
     saver = checkpoints.FiniteSaver(
         state_check, state_hook.refuse_save,
-        var_list=checkpoints.saver_var_list(resume, tf1.global_variables()),
+        var_list=checkpoint_fit.saver_var_list(resume,
+                                               tf1.global_variables()),
         max_to_keep=5, save_relative_paths=True)
     scaffold = tf1.train.Scaffold(saver=saver)
     on_signal.install()

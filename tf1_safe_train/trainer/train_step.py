@@ -25,8 +25,8 @@ import collections
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
-from tf1_safe_train.core import guard
 from tf1_safe_train.core import loss_scale as loss_scale_lib
+from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import rollback
 from tf1_safe_train import data
@@ -75,15 +75,6 @@ Attributes:
 """
 
 
-def _weight_decay_loss(rate):
-  weights = [v for v in tf1.trainable_variables()
-             if v.op.name.endswith("weights")]
-  if not rate or not weights:
-    return None
-  with tf1.name_scope("weight_decay"):
-    return rate * tf.add_n([tf.nn.l2_loss(w) for w in weights])
-
-
 def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
                          tower_drill, loss_scale=None, scale=None):
   """One tower's loss and (float32, unscaled) gradients.
@@ -104,7 +95,7 @@ def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
   loss = tf.reduce_mean(
       tf.nn.sparse_softmax_cross_entropy_with_logits(
           labels=tf.cast(labels, tf.int32), logits=logits))
-  decay = _weight_decay_loss(params.weight_decay)
+  decay = optimization.weight_decay_loss(params.weight_decay)
   if decay is not None:
     loss += decay
   loss = tower_drill.loss(loss)
@@ -160,13 +151,10 @@ class _Update(tf1.train.Optimizer):
       return ema.apply(tf1.trainable_variables())
 
 
-def _or_tower0(tower_nonfinite, nonfinite):
-  """`tower_nonfinite` with tower 0's flag or-ed with `nonfinite`.
-
-  The statistics come from tower 0 (as in model_deploy): its flag reports
-  them.
-  """
-  return tf.concat([tf.logical_or(tower_nonfinite[:1], nonfinite),
+def _or_tower0(tower_nonfinite, flag):
+  """`tower_nonfinite`, tower 0's flag or-ed with `flag` (statistics
+  come from tower 0, as in model_deploy: its flag reports them)."""
+  return tf.concat([tf.logical_or(tower_nonfinite[:1], flag),
                     tower_nonfinite[1:]], axis=0)
 
 
@@ -239,7 +227,7 @@ def build_step(params, strategy, dataset_fn=None):
     # each tower adds one fused flag, which keeps the tower of a fault that
     # would not reproduce. One tower's gradients are the averaged ones: its
     # flag is the decision's (below).
-    flag = (guard.any_nonfinite([g for g, _ in grads_and_vars])
+    flag = (nonfinite.any_nonfinite([g for g, _ in grads_and_vars])
             if num_towers > 1 else None)
     return loss, grads_and_vars, flag
 
@@ -252,7 +240,7 @@ def build_step(params, strategy, dataset_fn=None):
     tower_nonfinite = tf.stack([flag for _, _, flag in outputs])
     if statistics:
       tower_nonfinite = _or_tower0(
-          tower_nonfinite, guard.any_nonfinite([d for d, _ in statistics]))
+          tower_nonfinite, nonfinite.any_nonfinite([d for d, _ in statistics]))
   else:
     # The worker's own view in a cluster checks these gradients anyway.
     tower_nonfinite = tf.zeros([1], tf.bool)
