@@ -9,11 +9,16 @@ damaged file fails at once with one line naming it.
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.data import example_ids
+
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)
 LABEL_BYTES = 1
 IMAGE_BYTES = 32 * 32 * 3
 RECORD_BYTES = LABEL_BYTES + IMAGE_BYTES
+# Example ids number the records of a file below this (CIFAR-10 files hold
+# 10000 each): id = file position * ID_STRIDE + record.
+ID_STRIDE = 10000
 SPLIT_FILES = {
     "train": tuple("data_batch_%d.bin" % i for i in range(1, 6)),
     "test": ("test_batch.bin",),
@@ -116,15 +121,53 @@ def augment(image, seed):
   return tf.image.stateless_random_flip_left_right(image, flip_seed)
 
 
+def record_ids(data_dir, split):
+  """Returns the example ids of `split` in file order, int64 [num_examples].
+
+  The id of record r of the split's file f (its position in `SPLIT_FILES`)
+  is `f * ID_STRIDE + r`, fixed by the files, whatever the shuffle.
+
+  Raises:
+    ValueError: if `split` is unknown.
+    DataError: if the files fail `check_files`, or a file holds more than
+      `ID_STRIDE` records (ids of two files would collide).
+  """
+  ids = []
+  for number, path in enumerate(check_files(data_dir, split)):
+    count = tf.io.gfile.stat(path).length // RECORD_BYTES
+    if count > ID_STRIDE:
+      raise DataError("cifar10: %s holds %d records, more than the %d an "
+                      "example id can number" % (path, count, ID_STRIDE))
+    ids.append(number * ID_STRIDE + np.arange(count, dtype=np.int64))
+  return np.concatenate(ids)
+
+
+def describe_id(split, example_id):
+  """Returns "<file>#<record>" for an id of `split` (see `record_ids`).
+
+  Raises:
+    ValueError: if `split` is unknown or the id names no file of it.
+  """
+  _check_split(split)
+  number, record = divmod(example_id, ID_STRIDE)
+  if not 0 <= number < len(SPLIT_FILES[split]):
+    raise ValueError("cifar10: %d is not an example id of the %s split" %
+                     (example_id, split))
+  return "%s#%d" % (SPLIT_FILES[split][number], record)
+
+
 def dataset(data_dir, split, batch_size, seed=0,
-            num_parallel_calls=tf.data.AUTOTUNE):
+            num_parallel_calls=tf.data.AUTOTUNE, with_ids=False,
+            exclude_ids=()):
   """Returns batches of `split`; train shuffles, augments and repeats forever.
 
   Train examples are shuffled (whole split, reshuffled every epoch with
   `seed`), padded, randomly cropped and flipped, then standardised per image;
   test examples are only standardised, one pass in file order. Augmentation
   is keyed on `seed` and the example's position in the stream, so the stream
-  is deterministic despite the parallel decoding.
+  is deterministic despite the parallel decoding. Excluded examples are
+  dropped after that position is counted and before decoding: the others
+  keep exactly the augmentation they would have had.
 
   Args:
     data_dir: directory holding the binary files.
@@ -132,36 +175,55 @@ def dataset(data_dir, split, batch_size, seed=0,
     batch_size: examples per batch; a partial last batch is dropped.
     seed: seed of the shuffle and of the augmentation.
     num_parallel_calls: parallelism of decoding and augmentation.
+    with_ids: whether the batches end with the examples' ids (`record_ids`).
+    exclude_ids: sorted int64 array (`example_ids.normalize`) of ids to drop.
 
   Returns:
     A `tf.data.Dataset` of (images float32 [batch_size, 32, 32, 3], labels
-    int32 [batch_size]).
+    int32 [batch_size]), then ids int64 [batch_size] if `with_ids`.
 
   Raises:
     ValueError: if `split` is unknown.
-    DataError: if the files fail `check_files`.
+    DataError: if the files fail `check_files` (or `record_ids` when ids
+      are used).
   """
   paths = check_files(data_dir, split)
   records = tf.data.FixedLengthRecordDataset(paths, RECORD_BYTES)
-  if split == "train":
+  use_ids = with_ids or len(exclude_ids) > 0
+  if use_ids:
+    # Zipped before the shuffle, which moves the pairs: its order depends on
+    # its seed and size only, so the stream is the same as without ids.
+    records = tf.data.Dataset.zip(
+        (records,
+         tf.data.Dataset.from_tensor_slices(record_ids(data_dir, split))))
+  train = split == "train"
+  if train:
     size = num_examples(data_dir, split)
+    # The position in the endless shuffled stream keys the augmentation.
     records = records.shuffle(size, seed=seed,
-                              reshuffle_each_iteration=True).repeat()
-    seed_t = tf.constant(seed, tf.int64)
+                              reshuffle_each_iteration=True).repeat(
+                              ).enumerate()
+  seed_t = tf.constant(seed, tf.int64)
 
-    def parse(index, record):
-      image, label = decode_record(record)
-      image = augment(image, tf.stack([seed_t, index]))
-      return tf.image.per_image_standardization(image), label
+  def fields(*element):
+    """(position or None, record, id or None) of an element of `records`."""
+    position, item = ((element[0], element[1]) if train else
+                      (None, element if use_ids else element[0]))
+    record, example_id = item if use_ids else (item, None)
+    return position, record, example_id
 
-    ds = records.enumerate().map(parse, num_parallel_calls=num_parallel_calls)
-  else:
+  def parse(*element):
+    position, record, example_id = fields(*element)
+    image, label = decode_record(record)
+    if train:
+      image = augment(image, tf.stack([seed_t, position]))
+    image = tf.image.per_image_standardization(image)
+    return (image, label, example_id) if with_ids else (image, label)
 
-    def parse(record):
-      image, label = decode_record(record)
-      return tf.image.per_image_standardization(image), label
-
-    ds = records.map(parse, num_parallel_calls=num_parallel_calls)
+  if len(exclude_ids):
+    keep = example_ids.keep_fn(exclude_ids)
+    records = records.filter(lambda *element: keep(fields(*element)[2]))
+  ds = records.map(parse, num_parallel_calls=num_parallel_calls)
   return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 

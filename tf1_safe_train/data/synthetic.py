@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.data import cifar10
+from tf1_safe_train.data import example_ids
 
 # Shaped like CIFAR-10, so that the same models train on either.
 NUM_CLASSES = cifar10.NUM_CLASSES
@@ -120,8 +121,12 @@ def examples(split, num_parallel_calls=tf.data.AUTOTUNE):
       _example_fn(split), num_parallel_calls=num_parallel_calls)
 
 
-def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE):
+def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE,
+            with_ids=False, exclude_ids=()):
   """Returns batches of `split`; train shuffles and repeats forever.
+
+  An example's id is its index in the split (`examples(split)` yields it at
+  that position).
 
   Args:
     split: "train" (shuffled with `seed`, reshuffled every epoch, repeated
@@ -129,10 +134,13 @@ def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE):
     batch_size: examples per batch; a partial last batch is dropped.
     seed: shuffle seed of the train split; it never changes the examples.
     num_parallel_calls: parallelism of the example generation.
+    with_ids: whether the batches end with the examples' ids.
+    exclude_ids: sorted int64 array (`example_ids.normalize`) of indices
+      dropped before their examples are made; the others keep their order.
 
   Returns:
     A `tf.data.Dataset` of (images float32 [batch_size, 32, 32, 3], labels
-    int32 [batch_size]).
+    int32 [batch_size]), then ids int64 [batch_size] if `with_ids`.
 
   Raises:
     ValueError: if `split` is unknown.
@@ -142,5 +150,12 @@ def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE):
   if split == "train":
     indices = indices.shuffle(NUM_EXAMPLES[split], seed=seed,
                               reshuffle_each_iteration=True).repeat()
-  ds = indices.map(_example_fn(split), num_parallel_calls=num_parallel_calls)
+  if len(exclude_ids):
+    indices = indices.filter(example_ids.keep_fn(exclude_ids))
+  example = _example_fn(split)
+  if with_ids:
+    make = lambda index: example(index) + (index,)
+  else:
+    make = example
+  ds = indices.map(make, num_parallel_calls=num_parallel_calls)
   return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
