@@ -5,7 +5,10 @@ import tensorflow as tf
 
 from bench import executed_ops
 import optimizer_test_util as test_util
+from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import replay
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.core import wrapper_replay
 
 tf1 = tf.compat.v1
 
@@ -32,7 +35,7 @@ def _dense_model(x):
 class ProbeTest(tf.test.TestCase):
 
   def _run(self, build, feed_value, init=None):
-    """Builds `build(x)` -> (inputs, outputs), probes it, replays `feed_value`."""
+    """Probes the outputs `build(x)` returns; replays `feed_value` as x."""
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [4, 2], name="x")
       outputs = build(x)
@@ -258,6 +261,92 @@ class ProbeTest(tf.test.TestCase):
         "7, 8, 9, ... (+2 more)"
         "]; first non-finite: not among the 3 probed ops (2 not checked); "
         "outputs: loss:0", replay.describe(finding))
+
+
+def _wrapped_step():
+  """x [4, 2] -> loss; returns (x, opt, train_op, w)."""
+  x = tf1.placeholder(tf.float32, [4, 2], name="x")
+  loss, _, w = _dense_model(x)
+  global_step = tf1.train.get_or_create_global_step()
+  opt = optimizer_lib.SkipNonFiniteOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1))
+  return x, opt, opt.minimize(loss, global_step), w
+
+
+class WrapperReplayTest(tf.test.TestCase):
+
+  def testPlainLoopReplaysTheSkippedFeedDict(self):
+    with tf.Graph().as_default():
+      x, opt, train_op, w = _wrapped_step()
+      report = opt.report_fetches(train_op)
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        findings = []
+        for batch in (GOOD, _nan_rows([2]), GOOD):
+          feed_dict = {x: batch}
+          _, values = sess.run([train_op, report], feed_dict)
+          if opt.describe_skip(values):
+            before = sess.run(w)
+            findings.append(opt.replay(sess, feed_dict))
+            self.assertAllEqual(before, sess.run(w))  # Nothing trained.
+        self.assertTrue(opt.replay(sess, {x: GOOD}).finite)
+    self.assertEqual(1, len(findings))
+    self.assertEqual(
+        "input holds NaN/Inf: rows [2]; first non-finite: layer/MatMul "
+        "(forward)", replay.describe(findings[0]))
+    self.assertGreater(findings[0].ops_checked, 5)
+
+  def testFinalizedGraphNeedsBuildReplayFirst(self):
+    with tf.Graph().as_default() as graph:
+      x, opt, train_op, _ = _wrapped_step()
+      graph.finalize()
+      with self.session() as sess:
+        with self.assertRaisesRegex(ValueError, "call opt.build_replay"):
+          opt.replay(sess, {x: GOOD})
+    with tf.Graph().as_default() as graph:
+      x, opt, train_op, _ = _wrapped_step()
+      opt.build_replay()  # Inputs: the placeholders, here x.
+      init = tf1.global_variables_initializer()
+      graph.finalize()
+      with self.session() as sess:
+        sess.run(init)
+        sess.run(train_op, {x: _nan_rows([0])})
+        finding = opt.replay(sess, {"x:0": _nan_rows([0])})
+    self.assertEqual({"x:0": [0]}, finding.nonfinite_inputs)
+
+  def testReplayBeforeAnyStepIsAnError(self):
+    opt = optimizer_lib.SkipNonFiniteOptimizer(
+        tf1.train.GradientDescentOptimizer(0.1))
+    with self.assertRaisesRegex(ValueError, "apply_gradients"):
+      opt.replay(None, {})
+
+  def testReportHookAppendsOneRecordPerSkip(self):
+    log_path = self.get_temp_dir() + "/skips.jsonl"
+    with tf.Graph().as_default():
+      x, opt, train_op, w = _wrapped_step()
+      hook = opt.report_hook(skip_log_path=log_path, replay=True)
+      batches = [GOOD, _nan_rows([1]), GOOD, _nan_rows([0, 3])]
+      with tf1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        for batch in batches:
+          sess.run(train_op, {x: batch})
+        sess.run(w)  # Runs no step: no record.
+    records = skip_log.read(log_path)
+    self.assertEqual([1, 3], [r["step"] for r in records])
+    self.assertEqual(2, len(hook.reports))
+    for record, rows in zip(records, ([1], [0, 3])):
+      self.assertEqual(0, record["worker"])
+      self.assertEqual("nonfinite", record["reason"])
+      self.assertEqual([{"index": 0, "device": "", "nonfinite": True,
+                         "variables": ["w"]}], record["towers"])
+      self.assertEqual({"x:0": rows}, record["replay"]["nonfinite_inputs"])
+      self.assertEqual("layer/MatMul", record["replay"]["first_op"])
+      self.assertIn("first non-finite: layer/MatMul (forward)",
+                    record["replay"]["summary"])
+
+  def testReportHookWithoutReplayOrLogIsTheReportHook(self):
+    with tf.Graph().as_default():
+      _, opt, _, _ = _wrapped_step()
+      self.assertNotIsInstance(opt.report_hook(), wrapper_replay.SkipLogHook)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.core import op_walk
+
 tf1 = tf.compat.v1
 
 Finding = collections.namedtuple("Finding", [
@@ -95,77 +97,6 @@ def _is_floating(tensor):
   return tensor.dtype.base_dtype.is_floating
 
 
-def _ancestors(outputs, stop_names, control):
-  """Ops `outputs` depend on, not going past tensors named in `stop_names`."""
-  seen = set()
-  stack = [t.op for t in outputs]
-  while stack:
-    op = stack.pop()
-    if op in seen:
-      continue
-    seen.add(op)
-    stack.extend(t.op for t in op.inputs if t.name not in stop_names)
-    if control:
-      stack.extend(op.control_inputs)
-  return seen
-
-
-def _topological(ops):
-  """`ops` in topological order of their data edges, creation order first."""
-  ops = sorted(ops, key=lambda op: op._id)  # pylint: disable=protected-access
-  members = set(ops)
-  consumers = collections.defaultdict(list)
-  waiting = {}
-  for op in ops:
-    producers = {t.op for t in op.inputs if t.op in members}
-    waiting[op] = len(producers)
-    for producer in producers:
-      consumers[producer].append(op)
-  ready = [op for op in ops if not waiting[op]]
-  order = []
-  # A v1 loop's back edge (NextIteration) makes a cycle: what is left when
-  # nothing is ready goes last, in creation order.
-  while ready:
-    ready.sort(key=lambda op: op._id, reverse=True)  # pylint: disable=protected-access
-    op = ready.pop()
-    order.append(op)
-    for consumer in consumers[op]:
-      waiting[consumer] -= 1
-      if not waiting[consumer]:
-        ready.append(consumer)
-  placed = set(order)
-  return order + [op for op in ops if op not in placed]
-
-
-def _function_names(op):
-  names = []
-  for value in op.node_def.attr.values():
-    if value.HasField("func"):
-      names.append(value.func.name)
-    names.extend(f.name for f in value.list.func)
-  return names
-
-
-def _function_body_size(graph, op, seen):
-  """Ops inside the functions `op` calls (v2 cond and loop bodies, calls)."""
-  size = 0
-  for name in _function_names(op):
-    if name in seen:
-      continue
-    seen.add(name)
-    function = graph._get_function(name)  # pylint: disable=protected-access
-    if function is None:
-      continue
-    for node in function.definition.node_def:
-      size += 1
-      for value in node.attr.values():
-        if value.HasField("func") and value.func.name not in seen:
-          seen.add(value.func.name)
-          nested = graph._get_function(value.func.name)  # pylint: disable=protected-access
-          size += len(nested.definition.node_def) if nested else 0
-  return size
-
-
 def _all_finite(tensors, flat, axis):
   """Bool scalar: all of `tensors` are finite.
 
@@ -208,16 +139,16 @@ class Probe(object):
       raise ValueError("Probe: no output to check (every output is None)")
     graph = self.outputs[0].graph
     stop = {t.name for t in self.inputs}
-    walked = _ancestors(self.outputs, stop, control=False)
-    executed = _ancestors(self.outputs, stop, control=True)
+    walked = op_walk.ancestors(self.outputs, stop, control=False)
+    executed = op_walk.ancestors(self.outputs, stop, control=True)
     # Outputs nothing reads (FusedBatchNormGradV3's reserve_space_4/5, which
     # come out with another rank than declared) cannot make a step
     # non-finite: only what the walk reads, and the outputs, are checked.
     used = {t.name for op in walked for t in op.inputs}
     used.update(t.name for t in self.outputs)
     probed, not_checked, seen_functions = [], 0, set()
-    for op in _topological(walked):
-      not_checked += _function_body_size(graph, op, seen_functions)
+    for op in op_walk.topological(walked):
+      not_checked += op_walk.function_body_size(graph, op, seen_functions)
       floats = [t for t in op.outputs if _is_floating(t) and t.name in used]
       if not floats:
         continue
@@ -355,3 +286,10 @@ def describe(finding, example_ids=None):
                                          finding.ops_not_checked,
                                          ", ".join(finding.nonfinite_outputs)))
   return line
+
+
+def as_record(finding, example_ids=None):
+  """A `Finding` as a JSON-ready dict (for skips.jsonl), with its line."""
+  record = finding._asdict()
+  record["summary"] = describe(finding, example_ids)
+  return record
