@@ -185,6 +185,35 @@ class ProbeTest(tf.test.TestCase):
         self.assertTrue(finding.first_op.startswith("branch"),
                         finding.first_op)
 
+  def testV1WhileLoopIsNotChecked(self):
+    with test_util.tf_config(control_flow_v2=False):
+      def build(x):
+        _, y = tf1.while_loop(lambda i, y: i < 3,
+                              lambda i, y: (i + 1, y * 2.0), [0, x])
+        return [tf.reduce_sum(tf.math.log(tf.abs(y)), name="out")]
+      batch = GOOD.copy()
+      batch[0, 0] = 0.0
+      probe, finding = self._run(build, batch)
+    self.assertGreater(probe.ops_not_checked, 0)
+    self.assertEqual({}, finding.nonfinite_inputs)
+    self.assertEqual("Log", finding.first_op)
+
+  def testFedInputsCutTheIterator(self):
+    with tf.Graph().as_default():
+      dataset = tf.data.Dataset.from_tensor_slices(
+          (np.arange(8, dtype=np.float32).reshape(4, 2), np.arange(4)))
+      images, labels = tf1.data.make_one_shot_iterator(dataset).get_next()
+      loss = tf.reduce_sum(images * tf.cast(labels, tf.float32))
+      with self.assertLogs(level="WARNING") as logs:
+        replay.Probe([images], [loss], name="images_only")
+      self.assertIn("consumes a batch", "".join(logs.output))
+      probe = replay.Probe([images, labels], [loss])
+      with self.session() as sess:
+        finding = probe.run(sess, {images: [NAN, 1.0], labels: 1})
+        # Fed images and labels: the iterator did not move.
+        self.assertEqual(0, sess.run(labels))
+    self.assertEqual({images.name: [0]}, finding.nonfinite_inputs)
+
   def testUnfedPlaceholderIsOneClearError(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [4, 2], name="x")
@@ -261,6 +290,7 @@ class ProbeTest(tf.test.TestCase):
         "7, 8, 9, ... (+2 more)"
         "]; first non-finite: not among the 3 probed ops (2 not checked); "
         "outputs: loss:0", replay.describe(finding))
+    self.assertEqual(replay.describe(finding), str(finding))
 
 
 def _wrapped_step():

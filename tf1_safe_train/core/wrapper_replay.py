@@ -144,8 +144,7 @@ class Replaying(step_report.Reporting):
     the weights are those the skipped step saw: the same feed dict, replayed
     now, recomputes the step and names where its NaN or Inf first appeared:
 
-        finding = opt.replay(sess, feed_dict)
-        print(tf1_safe_train.replay.describe(finding))
+        print(opt.replay(sess, feed_dict))  # A replay.Finding, as one line:
         # input holds NaN/Inf: rows [3]; first non-finite: dense/MatMul
         # (forward)
 
