@@ -149,6 +149,21 @@ class ProbeTest(tf.test.TestCase):
       _, finding = self._run(build, batch)
       self.assertEqual("m/log", finding.first_op, dtype)
 
+  def testFusedBatchNormGradients(self):
+    # FusedBatchNormGradV3's unread reserve_space outputs come out with
+    # another rank than declared: checking them failed the replay.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [2, 2, 2, 3], name="x")
+      scale = tf1.get_variable("scale", initializer=tf.ones([3]))
+      offset = tf1.get_variable("offset", initializer=tf.zeros([3]))
+      y, _, _ = tf1.nn.fused_batch_norm(x, scale, offset, is_training=True)
+      loss = tf.reduce_sum(tf.square(y))
+      probe = replay.Probe([x], [loss] + tf.gradients(loss, [scale, offset]))
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        batch = np.arange(24, dtype=np.float32).reshape(2, 2, 2, 3)
+        self.assertTrue(probe.run(sess, {x: batch}).finite)
+
   def testIndexedSlicesGradientsAreProbedByValues(self):
     with tf.Graph().as_default():
       ids = tf1.placeholder(tf.int32, [2], name="ids")
@@ -372,6 +387,24 @@ class WrapperReplayTest(tf.test.TestCase):
       self.assertEqual("layer/MatMul", record["replay"]["first_op"])
       self.assertIn("first non-finite: layer/MatMul (forward)",
                     record["replay"]["summary"])
+
+  def testAFailedReplayIsRecordedAndTheRunGoesOn(self):
+
+    class FailingProbe(object):
+
+      def run(self, session, feed_dict):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM\nmore")
+
+    log_path = self.get_temp_dir() + "/failed.jsonl"
+    with tf.Graph().as_default():
+      x, opt, train_op, _ = _wrapped_step()
+      hook = opt.report_hook(skip_log_path=log_path, replay=True)
+      hook._probe = FailingProbe()  # pylint: disable=protected-access
+      with tf1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        sess.run(train_op, {x: _nan_rows([1])})
+        sess.run(train_op, {x: GOOD})
+    record, = skip_log.read(log_path)
+    self.assertEqual({"error": "OOM"}, record["replay"])
 
   def testReportHookWithoutReplayOrLogIsTheReportHook(self):
     with tf.Graph().as_default():
