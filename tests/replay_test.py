@@ -388,6 +388,41 @@ class WrapperReplayTest(tf.test.TestCase):
       self.assertIn("first non-finite: layer/MatMul (forward)",
                     record["replay"]["summary"])
 
+  def testReportHookRecordsTowersAndTheirDevices(self):
+    log_path = self.get_temp_dir() + "/towers.jsonl"
+    with tf.Graph().as_default():
+      inputs, tower_grads = [], []
+      for i, device in enumerate(["/device:CPU:0", "/device:CPU:1"]):
+        with tf.device(device), tf1.name_scope("tower_%d" % i):
+          x = tf1.placeholder(tf.float32, [3], name="x")
+          with tf1.variable_scope("", reuse=tf1.AUTO_REUSE):
+            loss, var_list = test_util.model(x)
+          tower_grads.append(list(zip(tf.gradients(loss, var_list),
+                                      var_list)))
+        inputs.append(x)
+      average = [((a + b) / 2.0, v) for (a, v), (b, _) in zip(*tower_grads)]
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      train_op = opt.apply_gradients(
+          average, tf1.train.get_or_create_global_step(),
+          tower_grads_and_vars=tower_grads)
+      hook = opt.report_hook(skip_log_path=log_path, replay=True)
+      config = tf1.ConfigProto(device_count={"CPU": 2})
+      with tf1.train.MonitoredTrainingSession(hooks=[hook],
+                                              config=config) as sess:
+        sess.run(train_op, {inputs[0]: test_util.GOOD_X,
+                            inputs[1]: test_util.NAN_X})
+    record, = skip_log.read(log_path)
+    self.assertEqual([
+        {"index": 0, "device": "/device:CPU:0", "nonfinite": False,
+         "variables": []},
+        {"index": 1, "device": "/device:CPU:1", "nonfinite": True,
+         "variables": ["model/w", "model/b"]}], record["towers"])
+    self.assertEqual({"tower_1/x:0": [1]},
+                     record["replay"]["nonfinite_inputs"])
+    self.assertTrue(record["replay"]["first_op"].startswith("tower_1/"),
+                    record["replay"]["first_op"])
+
   def testAFailedReplayIsRecordedAndTheRunGoesOn(self):
 
     class FailingProbe(object):
