@@ -101,6 +101,17 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertEqual(
         train_dir_util.scalars(train_dir, "skips/rollbacks")[-1][1], 1.0)
 
+  def testRollbackAfterTheLastStepIsInTheSummaryAndCheckpoint(self):
+    train_dir, summary, _ = self._train(max_steps=24)
+    counts = [summary[k] for k in (
+        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
+        "consecutive_skips")]
+    self.assertEqual(counts, [24, 15, 4, 5, 0])
+    final = self.assertCheckpointsConsistent(train_dir)
+    self.assertEqual([int(final[k]) for k in (
+        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
+        "consecutive_skips")], counts)
+
   def testStopsOnceMaxRollbacksAreUsedUp(self):
     train_dir, summary, _ = self._train(inject_nonfinite="nan@20-:0",
                                         max_rollbacks=1)
@@ -165,8 +176,9 @@ class ChooseCheckpointTest(tf.test.TestCase):
     self.assertEqual(self.choose(19), ("model.ckpt-25", 25, 15))
 
   def testNeverTheAbandonedWindow(self):
-    # model.ckpt-20 has 20 applied steps, but the rollback abandoned it.
-    self.assertEqual(self.choose(20, at_step=30), ("model.ckpt-25", 25, 15))
+    # model.ckpt-20 has few enough applied steps and is the newest before
+    # step 25, but the rollback abandoned it.
+    self.assertEqual(self.choose(20, at_step=25), ("model.ckpt-15", 15, 15))
     self.assertEqual(self.choose(14), ("model.ckpt-10", 10, 10))
 
   def testNoneQualifies(self):

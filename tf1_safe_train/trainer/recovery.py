@@ -10,10 +10,11 @@ steps before the streak began, and training goes on; after
 What a rollback restores and what it keeps (the choices, and why):
   - restored: the model, its optimizer slots, statistics, shadows, EMA, the
     loss scale and `applied_steps` (the updates the model holds);
-  - kept live: `global_step` (it counts batches consumed and the README
-    promises it only grows, so `--max_steps` still ends the run),
-    `skipped_steps`, the per-tower counts, the longest streak, this
-    module's state, and whatever is in `KEEP_COLLECTION`; the streak
+  - kept live: the step's bookkeeping (`train_step.Step.variables`):
+    `global_step` (it counts batches consumed and the README promises it
+    only grows, so `--max_steps` still ends the run), the other skip
+    counters, the per-tower counts, the longest streak; this module's
+    state; whatever is in `KEEP_COLLECTION`. The streak
     (`consecutive_skips`) restarts at 0. `rolled_back_steps` counts the
     applied steps undone, so every checkpoint holds
     global_step == applied_steps + skipped_steps + rolled_back_steps
@@ -33,6 +34,7 @@ import math
 import os
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
@@ -68,16 +70,12 @@ def state(graph=None):
   existing = graph.get_collection(_STATE_COLLECTION)
   if existing:
     return State(*existing)
-  initial = {"rollback_to_step": -1}
+  initial = State(np.int64(0), np.int64(0), np.int64(-1), np.float32(1))
   with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
     variables = [tf1.Variable(
-        tf.constant(1.0 if name == "learning_rate_multiplier" else
-                    initial.get(name, 0),
-                    tf.float32 if name == "learning_rate_multiplier"
-                    else tf.int64),
-        name=name, trainable=False,
+        value, name=name, trainable=False,
         collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION])
-                 for name in State._fields]
+                 for name, value in initial._asdict().items()]
   result = State(*variables)
   tf1.summary.scalar("skips/rolled_back_steps", result.rolled_back_steps)
   tf1.summary.scalar("skips/rollbacks", result.rollbacks)
@@ -209,13 +207,14 @@ class RollbackHook(core_hooks.GiveUpHook):
       resume: the checkpoint the run resumes from (its names are the ones
         every checkpoint of the run uses), or None.
     """
-    variables = self._step.variables
-    counters = variables["counters"]
-    kept = set(id(v) for v in (
-        [variables["global_step"], counters.skipped_steps,
-         counters.consecutive_skips, variables["nonfinite_steps_by_tower"],
-         variables["max_consecutive_skips_seen"]] + list(self._state) +
-        tf1.get_collection(KEEP_COLLECTION)))
+    # The step's state variables (global_step, the counters, the per-tower
+    # counts, the longest streak...) are run bookkeeping, except
+    # applied_steps: it counts the updates the model holds.
+    counters = self._step.variables["counters"]
+    kept = list(self._state) + tf1.get_collection(KEEP_COLLECTION)
+    for value in self._step.variables.values():
+      kept.extend(value if isinstance(value, tuple) else [value])
+    kept = set(id(v) for v in kept) - {id(counters.applied_steps)}
     restored = [v for v in tf1.global_variables() if id(v) not in kept]
     self._restorer = tf1.train.Saver(
         var_list=checkpoint_fit.names_in(resume, restored),
@@ -264,18 +263,16 @@ class RollbackHook(core_hooks.GiveUpHook):
                     self.refusal)
       run_context.request_stop()
       return
-    self._rollback(run_context.session, path, at_step, to_step, applied,
-                   ckpt_applied, s)
+    self._rollback(run_context.session, path, at_step, to_step,
+                   applied - ckpt_applied)
 
-  def _rollback(self, session, path, at_step, to_step, applied, ckpt_applied,
-                s):
+  def _rollback(self, session, path, at_step, to_step, undone):
     """Restores `path` in `session` and records it."""
     self._restorer.restore(session, path)
-    undone = applied - ckpt_applied
     session.run(self._after, {self._undone: undone, self._to_step: to_step})
-    state_now = session.run(self._state)._asdict()
-    self.latest_state = state_now
-    counters = session.run(self._step.variables["counters"])
+    state_now, counters = session.run(
+        [self._state, self._step.variables["counters"]])
+    self.latest_state = state_now = state_now._asdict()
     self._final = {"applied_steps": int(counters.applied_steps),
                    "consecutive_skips": int(counters.consecutive_skips)}
     left = self._params.max_rollbacks - int(state_now["rollbacks"])
