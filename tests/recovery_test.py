@@ -112,6 +112,16 @@ class RollbackRunTest(tf.test.TestCase):
         "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
         "consecutive_skips")], counts)
 
+  def testFp16StreakAtTheFloorScaleRollsBack(self):
+    # With a loss scale the streak that counts is the skips at the floor
+    # scale (1 here from the start), as for giving up.
+    _, summary, _ = self._train(precision="fp16", initial_loss_scale=1.0)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
+                              "rolled_back_steps", "rollback_count")],
+        [40, 29, 6, 5, 1])
+
   def testStopsOnceMaxRollbacksAreUsedUp(self):
     train_dir, summary, _ = self._train(inject_nonfinite="nan@20-:0",
                                         max_rollbacks=1)
