@@ -121,6 +121,16 @@ class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
             "parameter servers", exit_code=2)
         self.assertEqual(os.listdir(train_dir), [])
 
+  def testGivingUpAfterTheLastRollbackSaysWhy(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    args = [a for a in _args(train_dir) if "inject" not in a]
+    result = binaries.run("train", *(args + [
+        "--inject_nonfinite=nan@20-:0", "--max_rollbacks=1"]))
+    self.assertOneLineError(
+        result, "gave up after 4 consecutive skipped steps at step 28 "
+        "(--max_consecutive_skips=4); no rollback: --max_rollbacks=1 used up",
+        exit_code=1)
+
   def testBadValueIsOneLine(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     result = binaries.run("train", "--train_dir=" + train_dir,
