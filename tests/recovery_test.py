@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import train_dir_util
+from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import train_lib
@@ -208,6 +209,16 @@ class RollbackParamsTest(tf.test.TestCase):
       with self.subTest(changes=changes):
         with self.assertRaisesRegex(params_lib.ParamsError, message):
           _params("/tmp/unused", **changes)
+
+  def testTrainRefusesItInAClusterBeforeAnythingStarts(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    cluster = cluster_flags.from_flags("127.0.0.1:1", "127.0.0.1:2",
+                                       "worker", 0)
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "runs on one machine only"):
+      train_lib.train(_params(train_dir, startup_timeout_secs=2.0),
+                      cluster=cluster)
+    self.assertEqual(os.listdir(train_dir), [])
 
   def testKeepsEnoughCheckpoints(self):
     # M + K = 600 + 50 steps back at one checkpoint per 100: 7 intervals.
