@@ -107,6 +107,7 @@ def _run(cluster):
   from tf1_safe_train.data import cifar10
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
+  from tf1_safe_train.trainer import recovery
   from tf1_safe_train.trainer import run_summary
   from tf1_safe_train.trainer import train_lib
   # pylint: enable=g-import-not-at-top
@@ -116,6 +117,9 @@ def _run(cluster):
     injection.validate(injection.parse_spec(params.inject_nonfinite),
                        params.num_towers,
                        cluster.num_workers if cluster else 1)
+    if cluster is not None and recovery.refusal_in_cluster(params):
+      # Every task, so no ps serves workers that refused to start.
+      raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
     if cluster is not None and cluster.job_name == cluster_lib.PS:
       # A ps blocks in TensorFlow; Ctrl-C must end it at once.
       signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -153,10 +157,13 @@ def _run(cluster):
     cli.fail(_PROGRAM, summary["nonfinite_state"], 1)
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
-             "%d (--max_consecutive_skips=%d); the last checkpoint in %s "
+             "%d (--max_consecutive_skips=%d)%s; the last checkpoint in %s "
              "holds the last good state" % (
                  summary["consecutive_skips"], summary["global_step"],
-                 params.max_consecutive_skips, params.train_dir), 1)
+                 params.max_consecutive_skips,
+                 "; " + summary["rollback_refused"]
+                 if "rollback_refused" in summary else "",
+                 params.train_dir), 1)
 
 
 if __name__ == "__main__":

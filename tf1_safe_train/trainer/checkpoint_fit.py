@@ -23,9 +23,12 @@ _FLAG_HINTS = (
     ("RMSProp", "--optimizer"), ("beta1_power", "--optimizer"),
     ("beta2_power", "--optimizer"),
     ("nonfinite_steps_by_tower", "--num_towers"),
+    ("rolled_back_steps", "--on_persistent_skips"),
+    ("rollback", "--on_persistent_skips"),  # rollbacks, rollback_to_step
+    ("learning_rate_multiplier", "--on_persistent_skips"),
 )
 _COMPARED_FLAGS = ("model", "num_towers", "precision", "optimizer",
-                   "moving_average_decay")
+                   "moving_average_decay", "on_persistent_skips")
 
 
 def _previous_params(train_dir):

@@ -20,6 +20,7 @@ OPTIMIZERS = ("momentum", "sgd", "adam", "rmsprop")
 LR_SCHEDULES = ("constant", "piecewise", "cosine")
 LR_STEPS = ("applied_steps", "global_step")
 INJECT_INTO = ("grads", "loss", "input")
+ON_PERSISTENT_SKIPS = ("stop", "rollback")
 
 _param = flag_specs.param
 
@@ -59,6 +60,25 @@ def _check_model_and_data(params, data_files):
   _check_one_of("dataset", params.dataset, DATASETS)
   _check(params.dataset != "cifar10" or bool(params.data_dir),
          "--dataset=cifar10 needs --data_dir (the folder of %s)", data_files)
+
+
+def _check_rollback(params):
+  _check_one_of("on_persistent_skips", params.on_persistent_skips,
+                ON_PERSISTENT_SKIPS)
+  _check(checks.is_int(params.rollback_min_applied_steps) and
+         params.rollback_min_applied_steps >= 0,
+         "--rollback_min_applied_steps=%r: must be an integer >= 0",
+         params.rollback_min_applied_steps)
+  _check(checks.is_int(params.max_rollbacks) and params.max_rollbacks >= 1,
+         "--max_rollbacks=%r: must be an integer >= 1", params.max_rollbacks)
+  _check(isinstance(params.rollback_halve_learning_rate, bool),
+         "--rollback_halve_learning_rate=%r: must be a boolean",
+         params.rollback_halve_learning_rate)
+  # A rollback is what a streak of --max_consecutive_skips triggers.
+  _check(params.on_persistent_skips != "rollback" or
+         params.max_consecutive_skips != 0,
+         "--on_persistent_skips=rollback needs --max_consecutive_skips >= 1 "
+         "(0 never ends a streak)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +129,19 @@ class TrainParams(object):
   max_consecutive_skips: int = _param(
       50, "Give up (exit 1) after this many skipped steps in a row; "
       "0 = never.")
+  on_persistent_skips: str = _param(
+      "stop", "What --max_consecutive_skips skips in a row do: stop (exit 1) "
+      "or rollback (restore the newest checkpoint --rollback_min_applied_steps "
+      "applied steps before the streak, skip the batches since, go on; one "
+      "machine only).", ON_PERSISTENT_SKIPS)
+  rollback_min_applied_steps: int = _param(
+      200, "Rollback: the checkpoint restored holds at most this many applied "
+      "steps fewer than when the streak began.")
+  max_rollbacks: int = _param(
+      3, "Rollback: at most this many rollbacks per run, then stop.")
+  rollback_halve_learning_rate: bool = _param(
+      False, "Rollback: halve the learning rate at each rollback (kept in "
+      "checkpoints).")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(
@@ -170,6 +203,7 @@ class TrainParams(object):
            self.max_consecutive_skips >= 0,
            "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
            "give up)", self.max_consecutive_skips)
+    _check_rollback(self)
     for name in ("save_checkpoints_steps", "save_summaries_steps",
                  "log_every_n_steps"):
       value = getattr(self, name)

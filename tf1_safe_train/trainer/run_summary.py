@@ -118,7 +118,8 @@ def _restored(params, exit_reason, wall_seconds):
     return dict(summary, global_step=None)
   reader = tf1.train.load_checkpoint(checkpoint)
   names = reader.get_variable_to_shape_map()
-  for name in ("global_step", "max_consecutive_skips_seen") + (
+  for name in ("global_step", "max_consecutive_skips_seen",
+               "rolled_back_steps") + (
       counters_lib.SkipCounters._fields):
     if name in names:
       summary[name] = int(reader.get_tensor(name))

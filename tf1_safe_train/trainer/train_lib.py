@@ -13,11 +13,12 @@ import time
 import tensorflow as tf
 
 from tf1_safe_train.cluster import replication
-from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import finite_state
 from tf1_safe_train.trainer import hooks as hooks_lib
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import stop_signals
 from tf1_safe_train.trainer import train_dir as train_dir_lib
@@ -54,6 +55,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
   """
   params.validate()
   strategy = strategy or replication.make(params, cluster)
+  if strategy.in_cluster and recovery.refusal_in_cluster(params):
+    raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
   is_chief = strategy.is_chief
   if is_chief:
     train_dir_lib.check(params.train_dir)
@@ -71,9 +74,10 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         **({"loss_scale": step.loss_scale.scale} if step.loss_scale else {})))
     # With a loss scale, skips that halve it are expected overflows; only
     # skips at the floor scale are faults that count toward giving up.
-    give_up = core_hooks.GiveUpHook(
-        step.loss_scale.floor_skips if step.loss_scale
-        else step.counters.consecutive_skips, params.max_consecutive_skips)
+    # (Or rolls back instead: `recovery`.)
+    give_up = recovery.give_up_hook(
+        params, step.loss_scale.floor_skips if step.loss_scale
+        else step.counters.consecutive_skips, step)
     on_signal = stop_signals.StopOnSignalHook(
         on_abort=lambda reason: is_chief and stop_signals.write_abort_summary(
             params.train_dir, run_summary.build(
@@ -112,7 +116,10 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         state_check, state_hook.refuse_save,
         var_list=checkpoint_fit.saver_var_list(resume,
                                                tf1.global_variables()),
-        max_to_keep=5, save_relative_paths=True)
+        max_to_keep=recovery.keep_checkpoint_max(params),
+        save_relative_paths=True)
+    if isinstance(give_up, recovery.RollbackHook):
+      give_up.attach(resume)
     scaffold = tf1.train.Scaffold(saver=saver)
     on_signal.install()
     try:
@@ -152,4 +159,5 @@ def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
   if nonfinite:
     summary["nonfinite_state"] = nonfinite
   summary.update(fields)
+  summary.update(recovery.summary_fields(give_up))
   return summary

@@ -34,6 +34,7 @@ from tf1_safe_train import models
 from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
+from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import towers
 
@@ -207,6 +208,7 @@ def build_step(params, strategy, dataset_fn=None):
     learning_rate = optimization.learning_rate(
         params.lr_schedule, params.learning_rate, schedule_step.read_value(),
         params.max_steps)
+    learning_rate = recovery.scale_learning_rate(params, learning_rate)
     optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
     loss_scale, scale = None, None
     if params.precision == "fp16":

@@ -1,0 +1,235 @@
+"""--on_persistent_skips=rollback: roll back instead of giving up.
+
+A drill poisons a contiguous window of global steps 20-25; with
+--max_consecutive_skips=4 the streak reaches 4 after step 23, the run
+restores the newest checkpoint at least 5 applied steps before the streak
+(model.ckpt-15), skips the two poisoned steps left, and finishes. Every
+count is exact: 40 batches = 29 applied + 6 skipped + 5 rolled back.
+"""
+
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+import train_dir_util
+from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import recovery
+from tf1_safe_train.trainer import train_lib
+
+tf1 = tf.compat.v1
+
+_WEIGHT = "small_cnn/conv1/weights"
+
+
+class _Weights(tf1.train.SessionRunHook):
+  """{global_step after each run: a weight}, read after every hook ran."""
+
+  def __init__(self):
+    self.by_step = {}
+    self._reads = None
+
+  def begin(self):
+    weight, = [v for v in tf1.global_variables() if v.op.name == _WEIGHT]
+    self._reads = [tf1.train.get_global_step().read_value(),
+                   weight.read_value()]
+
+  def after_run(self, run_context, run_values):
+    step, weight = run_context.session.run(self._reads)
+    self.by_step[int(step)] = weight
+
+
+def _params(train_dir, **changes):
+  values = dict(
+      train_dir=train_dir, num_towers=2, device="cpu", batch_size=2,
+      max_steps=40, save_checkpoints_steps=5, save_summaries_steps=1000,
+      log_every_n_steps=1000, inject_nonfinite="nan@20-25:0",
+      max_consecutive_skips=4, on_persistent_skips="rollback",
+      rollback_min_applied_steps=5, max_rollbacks=2)
+  values.update(changes)
+  return params_lib.TrainParams(**values).validate()
+
+
+class RollbackRunTest(tf.test.TestCase):
+
+  def _train(self, **changes):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    weights = _Weights()
+    summary = train_lib.train(_params(train_dir, **changes),
+                              extra_hooks=[weights])
+    return train_dir, summary, weights.by_step
+
+  def assertCheckpointsConsistent(self, train_dir):
+    """Finite, counts add up, global_step only grows; returns the last."""
+    steps, values = [], None
+    for path in train_dir_util.checkpoint_paths(train_dir):
+      values = train_dir_util.checkpoint_values(path)
+      self.assertEqual(train_dir_util.nonfinite_entries(values), [], path)
+      self.assertEqual(int(values["global_step"]),
+                       int(values["applied_steps"]) +
+                       int(values["skipped_steps"]) +
+                       int(values["rolled_back_steps"]), path)
+      steps.append(int(values["global_step"]))
+    self.assertEqual(steps, sorted(steps))
+    return values
+
+  def testRollsBackOnceSkipsTheWindowAndFinishes(self):
+    train_dir, summary, weights = self._train(
+        rollback_halve_learning_rate=True, save_summaries_steps=10)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
+                              "rolled_back_steps", "rollback_count")],
+        [40, 29, 6, 5, 1])
+    self.assertEqual(summary["rollbacks"], [{
+        "at_step": 24, "to_step": 15, "checkpoint": "model.ckpt-15",
+        "batches_skipped": 9, "data_window": [15, 23],
+        "applied_steps_undone": 5, "rollbacks_left": 1,
+        "learning_rate_multiplier": 0.5}])
+    self.assertNotIn("rollback_refused", summary)
+    # The model after the rollback is the one of model.ckpt-15 (the state
+    # after step 14), the skips of steps 24 and 25 left it so, and step 26
+    # trained again.
+    self.assertAllEqual(weights[24], weights[15])
+    self.assertAllEqual(weights[26], weights[15])
+    self.assertNotAllClose(weights[27], weights[26])
+    final = self.assertCheckpointsConsistent(train_dir)
+    self.assertEqual(int(final["global_step"]), 40)
+    self.assertEqual(int(final["rollbacks"]), 1)
+    self.assertEqual(float(final["learning_rate_multiplier"]), 0.5)
+    self.assertEqual(
+        train_dir_util.scalars(train_dir, "skips/rollbacks")[-1][1], 1.0)
+
+  def testRollbackAfterTheLastStepIsInTheSummaryAndCheckpoint(self):
+    train_dir, summary, _ = self._train(max_steps=24)
+    counts = [summary[k] for k in (
+        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
+        "consecutive_skips")]
+    self.assertEqual(counts, [24, 15, 4, 5, 0])
+    final = self.assertCheckpointsConsistent(train_dir)
+    self.assertEqual([int(final[k]) for k in (
+        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
+        "consecutive_skips")], counts)
+
+  def testFp16StreakAtTheFloorScaleRollsBack(self):
+    # With a loss scale the streak that counts is the skips at the floor
+    # scale (1 here from the start), as for giving up.
+    _, summary, _ = self._train(precision="fp16", initial_loss_scale=1.0)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
+                              "rolled_back_steps", "rollback_count")],
+        [40, 29, 6, 5, 1])
+
+  def testStopsOnceMaxRollbacksAreUsedUp(self):
+    train_dir, summary, _ = self._train(inject_nonfinite="nan@20-:0",
+                                        max_rollbacks=1)
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    # Rolled back after step 23, then four more skips (24-27).
+    self.assertEqual(summary["global_step"], 28)
+    self.assertLen(summary["rollbacks"], 1)
+    self.assertEqual(summary["rollbacks"][0]["rollbacks_left"], 0)
+    self.assertEqual(summary["rollback_refused"],
+                     "no rollback: --max_rollbacks=1 used up")
+    self.assertEqual(summary["learning_rate_multiplier"], 1.0)
+    self.assertCheckpointsConsistent(train_dir)
+
+  def testStopsWhenNoCheckpointIsOldEnough(self):
+    train_dir, summary, _ = self._train(rollback_min_applied_steps=100)
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertEqual(summary["global_step"], 24)
+    self.assertEqual(summary["rollbacks"], [])
+    self.assertIn("no rollback: no intact checkpoint of %s qualifies (one "
+                  "with at most -80 applied steps: the streak began after 20"
+                  % train_dir, summary["rollback_refused"])
+
+  def testWithoutRollbackTheGraphHasNoRollbackState(self):
+    train_dir, summary, _ = self._train(on_persistent_skips="stop")
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertNotIn("rollbacks", summary)
+    values = train_dir_util.checkpoint_values(
+        train_dir_util.latest_checkpoint(train_dir))
+    self.assertNotIn("rolled_back_steps", values)
+
+
+def _fake_checkpoint(train_dir, step, applied, rollbacks):
+  """A model.ckpt-`step` holding only the counters `choose_checkpoint` reads."""
+  with tf.Graph().as_default():
+    names = {"global_step": step, "applied_steps": applied,
+             "rollbacks": rollbacks}
+    variables = [tf1.Variable(np.int64(v), name=n) for n, v in names.items()]
+    with tf1.Session() as session:
+      session.run(tf1.global_variables_initializer())
+      tf1.train.Saver(variables).save(
+          session, os.path.join(train_dir, "model.ckpt"), global_step=step)
+
+
+class ChooseCheckpointTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    # Rolled back once, at step 24, to model.ckpt-15: model.ckpt-20 holds
+    # the abandoned window, model.ckpt-25 the model restored then.
+    self.train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    for step, applied, rollbacks in ((10, 10, 0), (15, 15, 0), (20, 20, 0),
+                                     (25, 15, 1), (30, 20, 1)):
+      _fake_checkpoint(self.train_dir, step, applied, rollbacks)
+
+  def choose(self, max_applied, at_step=35):
+    path, step, applied = recovery.choose_checkpoint(
+        self.train_dir, at_step, max_applied, rollbacks=1, rollback_to_step=15)
+    return (os.path.basename(path), step, applied) if path else step
+
+  def testNewestAncestorWithFewEnoughAppliedSteps(self):
+    self.assertEqual(self.choose(20), ("model.ckpt-30", 30, 20))
+    self.assertEqual(self.choose(19), ("model.ckpt-25", 25, 15))
+
+  def testNeverTheAbandonedWindow(self):
+    # model.ckpt-20 has few enough applied steps and is the newest before
+    # step 25, but the rollback abandoned it.
+    self.assertEqual(self.choose(20, at_step=25), ("model.ckpt-15", 15, 15))
+    self.assertEqual(self.choose(14), ("model.ckpt-10", 10, 10))
+
+  def testNoneQualifies(self):
+    self.assertIn("qualifies", self.choose(9))
+
+
+class RollbackParamsTest(tf.test.TestCase):
+
+  def testBadValuesAreRefusedInOneLine(self):
+    for changes, message in (
+        (dict(on_persistent_skips="retry"), "--on_persistent_skips='retry'"),
+        (dict(max_rollbacks=0), "--max_rollbacks=0"),
+        (dict(rollback_min_applied_steps=-1),
+         "--rollback_min_applied_steps=-1"),
+        (dict(max_consecutive_skips=0),
+         "--on_persistent_skips=rollback needs --max_consecutive_skips")):
+      with self.subTest(changes=changes):
+        with self.assertRaisesRegex(params_lib.ParamsError, message):
+          _params("/tmp/unused", **changes)
+
+  def testTrainRefusesItInAClusterBeforeAnythingStarts(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    cluster = cluster_flags.from_flags("127.0.0.1:1", "127.0.0.1:2",
+                                       "worker", 0)
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "runs on one machine only"):
+      train_lib.train(_params(train_dir, startup_timeout_secs=2.0),
+                      cluster=cluster)
+    self.assertEqual(os.listdir(train_dir), [])
+
+  def testKeepsEnoughCheckpoints(self):
+    # M + K = 600 + 50 steps back at one checkpoint per 100: 7 intervals.
+    self.assertEqual(recovery.keep_checkpoint_max(_params(
+        "/tmp/unused", rollback_min_applied_steps=600,
+        max_consecutive_skips=50, save_checkpoints_steps=100)), 9)
+    self.assertEqual(recovery.keep_checkpoint_max(_params("/tmp/unused")), 5)
+    self.assertEqual(recovery.keep_checkpoint_max(_params(
+        "/tmp/unused", on_persistent_skips="stop",
+        rollback_min_applied_steps=600)), 5)
+
+
+if __name__ == "__main__":
+  tf.test.main()

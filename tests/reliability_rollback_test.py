@@ -1,0 +1,145 @@
+"""--on_persistent_skips=rollback as a user runs it: killed, restarted, refused.
+
+The trainer (`//:train` as a process) runs the rollback drill of
+recovery_test.py and is SIGKILLed the moment the streak that triggers the
+rollback is complete (the log reports its last skip, in the same hook round
+as the rollback): whether the kill lands before, during or after the
+restore, every listed checkpoint stays complete, finite and consistent, and
+the restart resumes from the latest of them and ends with the counts of an
+uninterrupted run. In a cluster, and with a bad value, the flag is refused
+in one line.
+"""
+
+import os
+import re
+import signal
+import tempfile
+
+from absl import logging
+import tensorflow as tf
+
+import binaries
+import reliability_lib as lib
+import train_dir_util
+
+tf1 = tf.compat.v1
+
+
+def _args(train_dir):
+  return [
+      "--train_dir=" + train_dir, "--num_towers=2", "--device=cpu",
+      "--batch_size=2", "--max_steps=40", "--save_checkpoints_steps=5",
+      "--save_summaries_steps=1000", "--log_every_n_steps=1",
+      "--inject_nonfinite=nan@20-25:0", "--max_consecutive_skips=4",
+      "--on_persistent_skips=rollback", "--rollback_min_applied_steps=5",
+  ]
+
+
+class SigkillAtRollbackTest(tf.test.TestCase):
+
+  def assertConsistentCheckpoints(self, train_dir):
+    """Each listed checkpoint: finite, counts adding up; returns the steps."""
+    steps = []
+    for path in train_dir_util.checkpoint_paths(train_dir):
+      values = train_dir_util.checkpoint_values(path)
+      self.assertEqual(train_dir_util.nonfinite_entries(values), [], path)
+      self.assertEqual(int(values["global_step"]),
+                       int(values["applied_steps"]) +
+                       int(values["skipped_steps"]) +
+                       int(values["rolled_back_steps"]), path)
+      self.assertLessEqual(int(values["rollbacks"]), 1, path)
+      steps.append(int(values["global_step"]))
+    self.assertEqual(steps, sorted(steps))
+    return steps
+
+  def _kill_and_resume(self, last_line):
+    """SIGKILLs the run once `last_line` is logged, then resumes it.
+
+    Returns:
+      The rollbacks the latest checkpoint held at the kill.
+    """
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "run.log")
+    process = lib.start_trainer(_args(train_dir), log)
+    try:
+      self.assertTrue(lib.wait_until(
+          lambda: last_line in lib.read_text(log), 240,
+          interval=0.002, process=process), lib.read_text(log))
+      lib.send(process, signal.SIGSTOP)
+    finally:
+      lib.kill_and_reap(process)
+    self.assertEqual(process.returncode, -signal.SIGKILL, lib.read_text(log))
+    steps = self.assertConsistentCheckpoints(train_dir)
+    self.assertNotEmpty(steps)
+    done = int(train_dir_util.checkpoint_values(
+        train_dir_util.latest_checkpoint(train_dir))["rollbacks"])
+    logging.info("killed with model.ckpt-%d latest, holding %d rollback(s)",
+                 steps[-1], done)
+
+    result = lib.run_trainer(_args(train_dir))
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    restored = re.findall(r"Restoring parameters from (\S+)", result.stderr)
+    self.assertEqual(restored[0],
+                     os.path.join(train_dir, "model.ckpt-%d" % steps[-1]))
+    # A rollback the latest checkpoint does not hold happens again.
+    self.assertLen(re.findall("rolled back at step", result.stderr),
+                   1 - done)
+    summary = train_dir_util.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
+                              "rolled_back_steps", "rollback_count")],
+        [40, 29, 6, 5, 1])
+    final = self.assertConsistentCheckpoints(train_dir)
+    self.assertEqual(final[-1], 40)
+    self.assertGreaterEqual(final[-1], steps[-1])
+    return done
+
+  def testSigkillAtTheRollbackThenResumeToMaxSteps(self):
+    # The streak's last skip: the rollback is about to run, or running.
+    self._kill_and_resume("skipped step 23:")
+
+  def testSigkillAfterTheRollbackWasCheckpointed(self):
+    # model.ckpt-25 (written before step 24's report) holds the rollback.
+    self.assertEqual(self._kill_and_resume("skipped step 25:"), 1)
+
+
+class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
+
+  def testRefusedInAClusterByEveryTask(self):
+    for job in ("worker", "ps"):
+      with self.subTest(job=job):
+        train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+        result = binaries.run(
+            "train", "--train_dir=" + train_dir,
+            "--on_persistent_skips=rollback", "--ps_hosts=127.0.0.1:1",
+            "--worker_hosts=127.0.0.1:2", "--job_name=" + job,
+            "--task_index=0")
+        self.assertOneLineError(
+            result, "--on_persistent_skips=rollback runs on one machine only",
+            "parameter servers", exit_code=2)
+        self.assertEqual(os.listdir(train_dir), [])
+
+  def testGivingUpAfterTheLastRollbackSaysWhy(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    args = [a for a in _args(train_dir) if "inject" not in a]
+    result = binaries.run("train", *(args + [
+        "--inject_nonfinite=nan@20-:0", "--max_rollbacks=1"]))
+    self.assertOneLineError(
+        result, "gave up after 4 consecutive skipped steps at step 28 "
+        "(--max_consecutive_skips=4); no rollback: --max_rollbacks=1 used up",
+        exit_code=1)
+
+  def testBadValueIsOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    result = binaries.run("train", "--train_dir=" + train_dir,
+                          "--on_persistent_skips=rollback",
+                          "--max_consecutive_skips=0")
+    self.assertOneLineError(
+        result, "--on_persistent_skips=rollback needs --max_consecutive_skips",
+        exit_code=2)
+
+
+if __name__ == "__main__":
+  tf.test.main()

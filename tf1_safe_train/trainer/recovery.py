@@ -1,0 +1,314 @@
+"""Rolling back to an older checkpoint instead of giving up on a skip streak.
+
+With `--on_persistent_skips=rollback`, when `--max_consecutive_skips` steps
+in a row are skipped, `RollbackHook` restores (in the same session) the
+newest checkpoint written at least `--rollback_min_applied_steps` applied
+steps before the streak began, and training goes on; after
+`--max_rollbacks` rollbacks (or with no such checkpoint) it gives up as
+`core.hooks.GiveUpHook` does, with one line saying why.
+
+What a rollback restores and what it keeps (the choices, and why):
+  - restored: the model, its optimizer slots, statistics, shadows, EMA, the
+    loss scale and `applied_steps` (the updates the model holds);
+  - kept live: the step's bookkeeping (`train_step.Step.variables`):
+    `global_step` (it counts batches consumed and the README promises it
+    only grows, so `--max_steps` still ends the run), the other skip
+    counters, the per-tower counts, the longest streak; this module's
+    state; whatever is in `KEEP_COLLECTION`. The streak
+    (`consecutive_skips`) restarts at 0. `rolled_back_steps` counts the
+    applied steps undone, so every checkpoint holds
+    global_step == applied_steps + skipped_steps + rolled_back_steps
+    (when skips advance global_step).
+  - the input: the iterator is not in checkpoints, so in this process it is
+    already past the batches fed since the restored checkpoint (the window
+    that led to the streak): they are not fed again. A restarted process
+    starts its input afresh; the record's global-step window is the seam
+    for excluding those examples by id (the forensics work).
+A rollback changes only the session's variables: the next checkpoint
+records it. A SIGKILL before then resumes from the last checkpoint, which
+holds the streak, and the same rollback happens again.
+"""
+
+import collections
+import math
+import os
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.trainer import checkpoint_fit
+from tf1_safe_train.trainer import checkpoints
+
+tf1 = tf.compat.v1
+
+# Variables a rollback leaves as they are (run bookkeeping, not model state):
+# other modules add theirs here, before `RollbackHook.attach`.
+KEEP_COLLECTION = "tf1_safe_train_kept_on_rollback"
+_STATE_COLLECTION = "tf1_safe_train_rollback_state"
+
+State = collections.namedtuple("State", [
+    "rolled_back_steps", "rollbacks", "rollback_to_step",
+    "learning_rate_multiplier"])
+State.__doc__ = """The rollback bookkeeping of a run (checkpointed variables).
+
+Attributes:
+  rolled_back_steps: int64, applied steps undone by rollbacks.
+  rollbacks: int64, rollbacks done (at most --max_rollbacks per run).
+  rollback_to_step: int64, global_step of the checkpoint the last rollback
+    restored (-1: none), which says which older checkpoints are ancestors
+    of the current model (`choose_checkpoint`).
+  learning_rate_multiplier: float32, halved by each rollback with
+    --rollback_halve_learning_rate (1 otherwise).
+"""
+
+
+def state(graph=None):
+  """The graph's `State`, creating it on first use (at the graph's root)."""
+  graph = graph or tf1.get_default_graph()
+  existing = graph.get_collection(_STATE_COLLECTION)
+  if existing:
+    return State(*existing)
+  initial = State(np.int64(0), np.int64(0), np.int64(-1), np.float32(1))
+  with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
+    variables = [tf1.Variable(
+        value, name=name, trainable=False,
+        collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION])
+                 for name, value in initial._asdict().items()]
+  result = State(*variables)
+  tf1.summary.scalar("skips/rolled_back_steps", result.rolled_back_steps)
+  tf1.summary.scalar("skips/rollbacks", result.rollbacks)
+  return result
+
+
+def scale_learning_rate(params, learning_rate):
+  """`learning_rate` times the rollbacks' multiplier (with rollback on).
+
+  The multiplier is a checkpointed variable, so a restart keeps the rate a
+  rollback halved. Without rollback the graph is unchanged (and so are its
+  checkpoints).
+  """
+  if params.on_persistent_skips != "rollback":
+    return learning_rate
+  return learning_rate * state().learning_rate_multiplier
+
+
+def keep_checkpoint_max(params):
+  """How many checkpoints to keep: enough for a rollback to find one.
+
+  When the streak reaches --max_consecutive_skips (K), the checkpoint needed
+  was written M = --rollback_min_applied_steps applied steps before the
+  streak began, so up to ceil((M + K) / save_checkpoints_steps) intervals
+  ago; two more cover the start-up save and the one being written. Skips
+  before the streak push it further back; then no checkpoint may qualify
+  and the run stops as without rollback, saying so.
+  """
+  if params.on_persistent_skips != "rollback":
+    return 5
+  return max(5, math.ceil(
+      (params.rollback_min_applied_steps + params.max_consecutive_skips) /
+      params.save_checkpoints_steps) + 2)
+
+
+def refusal_in_cluster(params):
+  """Why --on_persistent_skips=rollback cannot run in a cluster (one line).
+
+  The model lives on the parameter servers: one worker restoring a
+  checkpoint would overwrite it behind the other workers, which keep
+  training on it. Pausing every worker is not implemented, so it is refused.
+  """
+  if params.on_persistent_skips != "rollback":
+    return None
+  return ("--on_persistent_skips=rollback runs on one machine only: in a "
+          "cluster a worker's restore would overwrite the parameter servers' "
+          "live state behind the other workers; use "
+          "--on_persistent_skips=stop")
+
+
+def _read(reader, names, name, default):
+  return int(reader.get_tensor(name)) if name in names else default
+
+
+def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
+                      rollback_to_step):
+  """The checkpoint a rollback restores: (path, global_step, applied_steps).
+
+  The newest intact checkpoint of `train_dir` before `at_step` holding at
+  most `max_applied` applied steps, among the ancestors of the current
+  model: those written since the last rollback (they hold `rollbacks`),
+  and those before it up to the one it restored (`rollback_to_step`); the
+  checkpoints in between come from the abandoned window.
+
+  Returns:
+    (path, step, applied), or (None, reason, None).
+  """
+  for step, name in sorted(checkpoints.on_disk(train_dir).items(),
+                           reverse=True):
+    if step >= at_step:
+      continue
+    path = os.path.join(train_dir, name)
+    try:
+      reader = tf1.train.NewCheckpointReader(path)
+      names = reader.get_variable_to_shape_map()
+      applied = _read(reader, names, "applied_steps", None)
+      written_after = _read(reader, names, "rollbacks", 0)
+    except Exception:  # pylint: disable=broad-except
+      continue  # Damaged: an older one may do.
+    ancestor = (written_after == rollbacks or
+                (written_after == rollbacks - 1 and step <= rollback_to_step))
+    if (ancestor and applied is not None and applied <= max_applied and
+        checkpoints.damage(path, require_finite=True) is None):
+      return path, step, applied
+  return None, "no intact checkpoint of %s qualifies" % train_dir, None
+
+
+def give_up_hook(params, streak, step):
+  """The hook that acts on a skip streak: `GiveUpHook`, or `RollbackHook`.
+
+  Args:
+    params: the run's `params.TrainParams`.
+    streak: int tensor read after the step, the streak that counts.
+    step: the run's `train_step.Step`.
+  """
+  if params.on_persistent_skips != "rollback":
+    return core_hooks.GiveUpHook(streak, params.max_consecutive_skips)
+  return RollbackHook(params, streak, step)
+
+
+class RollbackHook(core_hooks.GiveUpHook):
+  """Rolls back on a streak of --max_consecutive_skips skips, or gives up.
+
+  `gave_up` as for `GiveUpHook`; `refusal` says why no rollback was done
+  then; `records` lists this process's rollbacks (run_summary.json).
+  `attach` must be called before the session starts (it builds the restore).
+  """
+
+  def __init__(self, params, streak, step):
+    super(RollbackHook, self).__init__(streak, params.max_consecutive_skips)
+    self._params = params
+    self._step = step
+    self._state = state()
+    with tf1.control_dependencies([step.train_op]):
+      reads = State(*[tf.identity(v.read_value()) for v in self._state])
+    self._fetches = {"streak": streak, "global_step": step.totals[
+        "global_step"], "counters": step.counters, "state": reads}
+    self._restorer = None
+    self._after = None
+    self.refusal = None
+    self.records = []
+    self.latest_state = None
+    self._final = None  # Counters a rollback after the last step changed.
+
+  def attach(self, resume):
+    """Builds the restore (before the graph is finalized).
+
+    Args:
+      resume: the checkpoint the run resumes from (its names are the ones
+        every checkpoint of the run uses), or None.
+    """
+    # The step's state variables (global_step, the counters, the per-tower
+    # counts, the longest streak...) are run bookkeeping, except
+    # applied_steps: it counts the updates the model holds.
+    counters = self._step.variables["counters"]
+    kept = list(self._state) + tf1.get_collection(KEEP_COLLECTION)
+    for value in self._step.variables.values():
+      kept.extend(value if isinstance(value, tuple) else [value])
+    kept = set(id(v) for v in kept) - {id(counters.applied_steps)}
+    restored = [v for v in tf1.global_variables() if id(v) not in kept]
+    self._restorer = tf1.train.Saver(
+        var_list=checkpoint_fit.names_in(resume, restored),
+        name="rollback_restore")
+    with tf1.name_scope("rollback"):
+      self._undone = tf1.placeholder(tf.int64, [], "undone")
+      self._to_step = tf1.placeholder(tf.int64, [], "to_step")
+      factor = 0.5 if self._params.rollback_halve_learning_rate else 1.0
+      s = self._state
+      self._after = tf.group(
+          tf1.assign(counters.consecutive_skips, tf.constant(0, tf.int64)),
+          tf1.assign_add(s.rolled_back_steps, self._undone),
+          tf1.assign_add(s.rollbacks, tf.constant(1, tf.int64)),
+          tf1.assign(s.rollback_to_step, self._to_step),
+          tf1.assign(s.learning_rate_multiplier,
+                     s.learning_rate_multiplier * factor))
+
+  def after_run(self, run_context, run_values):
+    if not self._fetched:
+      return
+    results = run_values.results
+    self.latest_state = results["state"]._asdict()
+    self._final = None
+    streak = int(results["streak"])
+    if not self._max or streak < self._max:
+      return
+    params, s = self._params, results["state"]
+    at_step = int(results["global_step"])
+    applied = int(results["counters"].applied_steps)
+    if s.rollbacks >= params.max_rollbacks:
+      path, why = None, "--max_rollbacks=%d used up" % params.max_rollbacks
+    else:
+      path, to_step, ckpt_applied = choose_checkpoint(
+          params.train_dir, at_step,
+          applied - params.rollback_min_applied_steps, int(s.rollbacks),
+          int(s.rollback_to_step))
+      why = ("%s (one with at most %d applied steps: the streak began after "
+             "%d, --rollback_min_applied_steps=%d)" % (
+                 to_step, applied - params.rollback_min_applied_steps,
+                 applied, params.rollback_min_applied_steps))
+    if path is None:
+      self.refusal = "no rollback: " + why
+      self.gave_up = True
+      logging.error("giving up: %d consecutive steps skipped "
+                    "(--max_consecutive_skips=%d); %s", streak, self._max,
+                    self.refusal)
+      run_context.request_stop()
+      return
+    self._rollback(run_context.session, path, at_step, to_step,
+                   applied - ckpt_applied)
+
+  def _rollback(self, session, path, at_step, to_step, undone):
+    """Restores `path` in `session` and records it."""
+    self._restorer.restore(session, path)
+    session.run(self._after, {self._undone: undone, self._to_step: to_step})
+    state_now, counters = session.run(
+        [self._state, self._step.variables["counters"]])
+    self.latest_state = state_now = state_now._asdict()
+    self._final = {"applied_steps": int(counters.applied_steps),
+                   "consecutive_skips": int(counters.consecutive_skips)}
+    left = self._params.max_rollbacks - int(state_now["rollbacks"])
+    record = {
+        "at_step": at_step, "to_step": to_step,
+        "checkpoint": os.path.basename(path),
+        # The batches of global steps [to_step, at_step): fed since the
+        # checkpoint, the streak included; this process feeds none again.
+        "batches_skipped": at_step - to_step,
+        "data_window": [to_step, at_step - 1],
+        "applied_steps_undone": undone, "rollbacks_left": left,
+        "learning_rate_multiplier": float(
+            state_now["learning_rate_multiplier"])}
+    self.records.append(record)
+    logging.warning(
+        "rolled back at step %d to %s (step %d): %d applied steps undone, "
+        "the batches of steps %d-%d skipped, learning rate x%g, %d "
+        "rollback%s left", at_step, record["checkpoint"], to_step, undone,
+        to_step, at_step - 1, record["learning_rate_multiplier"], left,
+        "" if left == 1 else "s")
+
+  def summary_fields(self):
+    """The run summary's rollback fields."""
+    fields = {"rollbacks": self.records}
+    if self.latest_state is not None:
+      # The records are this process's; the counts are the whole run's.
+      fields["rollback_count"] = int(self.latest_state["rollbacks"])
+      fields["rolled_back_steps"] = int(self.latest_state["rolled_back_steps"])
+      fields["learning_rate_multiplier"] = float(
+          self.latest_state["learning_rate_multiplier"])
+    if self.refusal:
+      fields["rollback_refused"] = self.refusal
+    fields.update(self._final or {})
+    return fields
+
+
+def summary_fields(hook):
+  """The run summary's rollback fields of `give_up_hook`'s hook ({} if none)."""
+  return hook.summary_fields() if isinstance(hook, RollbackHook) else {}
