@@ -13,7 +13,7 @@ tf1 = tf.compat.v1
 
 # What a skipped step may change: the counters of skips and the streak.
 _SKIP_STATE = ("skipped_steps", "consecutive_skips", "spike_skips",
-               "nonfinite_skips", "spike_stats/streak", "spike_stats/rewarms",
+               "spike_stats/streak", "spike_stats/rewarms",
                "spike_stats/applied", "global_step")
 
 
@@ -30,8 +30,10 @@ class _Model(object):
         loss_scale=loss_scale)
     self.global_step = tf1.train.get_or_create_global_step()
     self.train_op = self.opt.minimize(loss, global_step=self.global_step)
-    self.report = self.opt.report_fetches(self.train_op)
     self.result = self.opt.guard_result()
+    self.report = dict(self.opt.report_fetches(self.train_op))
+    if self.result.spikes is not None:
+      self.report["reasons"] = self.result.spikes.reasons
 
   def step(self, sess, scale=1.0, offset=1.0, seed=0):
     # Gradients of slightly varying size, so the statistics have a spread.
@@ -71,8 +73,8 @@ class SpikesTest(tf.test.TestCase):
         if name not in _SKIP_STATE:
           self.assertTrue(np.array_equal(before[name], after[name]), name)
       self.assertEqual(after["spike_skips"], 1)
-      self.assertEqual(after["nonfinite_skips"], 0)
       self.assertEqual(after["skipped_steps"], 1)
+      self.assertEqual(report["reasons"], spikes.ReasonCounters(0, 1))
       self.assertEqual(after["spike_stats/applied"],
                        before["spike_stats/applied"])
       # The next ordinary step is applied again.
@@ -91,7 +93,7 @@ class SpikesTest(tf.test.TestCase):
       for name in before:
         if name.startswith("spike_stats/") and name != "spike_stats/streak":
           self.assertTrue(np.array_equal(before[name], after[name]), name)
-      self.assertEqual(after["nonfinite_skips"], 1)
+      self.assertEqual(report["reasons"], spikes.ReasonCounters(1, 0))
       self.assertEqual(after["spike_skips"], 0)
       self.assertTrue(np.isfinite(after["spike_stats/grad_norm_log_mean"]))
 
@@ -146,10 +148,10 @@ class SpikesTest(tf.test.TestCase):
       self.assertEmpty([op for op in graph.get_operations()
                         if "spike" in op.name])
 
-  def testReasonCountersAreOnePerGraph(self):
+  def testSpikeSkipsIsOneVariablePerGraph(self):
     with tf.Graph().as_default():
-      self.assertIs(spikes.reason_counters().spike_skips,
-                    spikes.reason_counters().spike_skips)
+      self.assertIs(spikes.spike_skips_variable(),
+                    spikes.spike_skips_variable())
       self.assertLen(counters_lib.skip_counters(), 3)
 
   def testBadConfigRaisesNamingTheField(self):

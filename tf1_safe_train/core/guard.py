@@ -183,4 +183,5 @@ def guarded_apply(grads_and_vars,
       update_flags=update_flags,
       update_variable_names=[v.op.name for v in checked_writes],
       counters=counters_lib.read_after(counters, train_op),
-      spikes=spikes.report(train_op) if spikes is not None else None)
+      spikes=(spikes.report(train_op, counters.skipped_steps)
+              if spikes is not None else None))

@@ -25,15 +25,16 @@ tf1 = tf.compat.v1
 # Variables a checkpoint written without the option lacks: a resume
 # initialises them afresh (the warm-up restarts) instead of failing.
 OPTIONAL_STATE = "tf1_safe_train_optional_state"
-# The reason counters, once per graph (as the skip counters).
-REASON_COLLECTION = "tf1_safe_train_skip_reasons"
+# The spike_skips variable, once per graph (as the skip counters).
+SPIKE_SKIPS_COLLECTION = "tf1_safe_train_spike_skips"
 
 ReasonCounters = collections.namedtuple("ReasonCounters",
                                         ["nonfinite_skips", "spike_skips"])
-ReasonCounters.__doc__ = """Skipped steps by reason (int64 variables or tensors).
+ReasonCounters.__doc__ = """Skipped steps by reason (int64 tensors).
 
-Their sum is `skipped_steps`; without the spike option every skip is a
-non-finite one and these variables do not exist.
+Their sum is `skipped_steps`. Only `spike_skips` is a variable (created
+with the option), so the non-finite count stays right in a run resumed
+from a checkpoint written before the option was on.
 """
 
 SpikeReport = collections.namedtuple("SpikeReport", [
@@ -59,18 +60,23 @@ def _state_variable(name, value):
       tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
 
 
-def reason_counters(graph=None):
-  """The graph's `ReasonCounters`, created on first use (see `counters`)."""
+def spike_skips_variable(graph=None):
+  """The graph's int64 `spike_skips` variable, created on first use."""
   graph = graph or tf1.get_default_graph()
-  existing = graph.get_collection(REASON_COLLECTION)
+  existing = graph.get_collection(SPIKE_SKIPS_COLLECTION)
   if existing:
-    return ReasonCounters(*existing)
+    return existing[0]
   with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
-    variables = [_state_variable(name, tf.constant(0, tf.int64))
-                 for name in ReasonCounters._fields]
-  for v in variables:
-    graph.add_to_collection(REASON_COLLECTION, v)
-  return ReasonCounters(*variables)
+    variable = _state_variable("spike_skips", tf.constant(0, tf.int64))
+  graph.add_to_collection(SPIKE_SKIPS_COLLECTION, variable)
+  return variable
+
+
+def read_reasons(skipped_steps, op):
+  """`ReasonCounters` read after `op`; `skipped_steps` is the variable."""
+  with tf1.name_scope("read_skip_reasons"), tf1.control_dependencies([op]):
+    spike = tf.identity(spike_skips_variable().read_value())
+    return ReasonCounters(skipped_steps.read_value() - spike, spike)
 
 
 class SpikeConfig(collections.namedtuple(
@@ -161,13 +167,13 @@ class SpikeDetector(object):
         self._rewarms = _state_variable("rewarms", tf.constant(0, tf.int64))
         self._grad = _LogStats("grad_norm")
         self._loss = _LogStats("loss") if self.config.loss else None
-    self._reasons = reason_counters()
+    self._spike_skips = spike_skips_variable()
     self._decided = None
 
   @property
   def variables(self):
     stats = [self._grad] + ([self._loss] if self._loss else [])
-    return ([self._count, self._streak, self._rewarms] + list(self._reasons) +
+    return ([self._count, self._streak, self._rewarms, self._spike_skips] +
             [v for s in stats for v in (s.mean, s.var)])
 
   def decide(self, grads_and_vars, nonfinite, loss=None):
@@ -238,8 +244,7 @@ class SpikeDetector(object):
     streak = self._streak.read_value() + spike
     zero = tf.constant(0, tf.int64)
     return tf.group(
-        tf1.assign_add(self._reasons.spike_skips, spike),
-        tf1.assign_add(self._reasons.nonfinite_skips, 1 - spike),
+        tf1.assign_add(self._spike_skips, spike),
         tf1.assign(self._streak, tf.where(rewarm, zero, streak)),
         # Forgetting the count restarts the statistics at the next value.
         tf1.assign(self._count, tf.where(rewarm, zero,
@@ -247,11 +252,10 @@ class SpikeDetector(object):
         tf1.assign_add(self._rewarms, tf.cast(rewarm, tf.int64)),
         name="spikes_on_skip")
 
-  def report(self, op):
+  def report(self, op, skipped_steps):
     """The step's `SpikeReport`, its counters read after `op`."""
+    reasons = read_reasons(skipped_steps, op)
     with tf1.name_scope("read_spikes"), tf1.control_dependencies([op]):
-      reasons = ReasonCounters(*[tf.identity(c.read_value())
-                                 for c in self._reasons])
       rewarms = tf.identity(self._rewarms.read_value())
     return SpikeReport(
         spike=self._spike, rewarm=self._rewarm,
