@@ -100,6 +100,8 @@ class SpikesTrainTest(tf.test.TestCase):
         (dict(spike_warmup_steps=0), "--spike_warmup_steps=0"),
         (dict(spike_max_streak=2.5), "--spike_max_streak=2.5"),
         (dict(skip_loss_spikes=True), "needs --skip_spikes_sigma"),
+        (dict(skip_spikes_sigma=6.0, spike_max_streak=50),
+         "--spike_max_streak=50: must be below --max_consecutive_skips=50"),
         (dict(skip_loss_spikes=True, skip_spikes_sigma=6.0,
               sync_replicas=True), "not supported with --sync_replicas")):
       with self.assertRaisesRegex(params_lib.ParamsError, message) as error:

@@ -72,6 +72,11 @@ def _check_spikes(params):
            "--%s=%r: must be an integer >= 1", name, value)
   _check(isinstance(params.skip_loss_spikes, bool),
          "--skip_loss_spikes=%r: must be a boolean", params.skip_loss_spikes)
+  _check(not (params.skip_spikes_sigma and params.max_consecutive_skips) or
+         params.spike_max_streak < params.max_consecutive_skips,
+         "--spike_max_streak=%r: must be below --max_consecutive_skips=%r "
+         "(the run would give up before the spike detector re-warms)",
+         params.spike_max_streak, params.max_consecutive_skips)
   _check(not params.skip_loss_spikes or params.skip_spikes_sigma > 0,
          "--skip_loss_spikes needs --skip_spikes_sigma > 0")
   # The chief decides on the aggregate gradients; no loss reaches it.
