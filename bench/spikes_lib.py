@@ -85,7 +85,8 @@ def _one_run(config, drill, sigma, seed, root):
           "test_loss": float(evaluation["loss"]),
           "precision_at_1": float(evaluation["precision_at_1"]),
           "spike_skips": summary["spike_skips"],
-          "nonfinite_skips": summary["nonfinite_skips"]}
+          "nonfinite_skips": summary["nonfinite_skips"],
+          "exit_reason": summary["exit_reason"]}
 
 
 def run(config, log_fn=print):
@@ -122,7 +123,11 @@ def markdown(results):
         case["name"], "%g" % case["sigma"] if case["sigma"] else "off",
         _spread([r["test_loss"] for r in runs], "%.3g"),
         _spread([r["precision_at_1"] for r in runs], "%.3f"),
-        "/".join(str(r["spike_skips"]) for r in runs)])
+        "/".join(str(r["spike_skips"]) for r in runs),
+        # An applied spike can overflow later steps into NaN: skipped, and
+        # after --max_consecutive_skips the run gives up.
+        "/".join(str(r["nonfinite_skips"]) for r in runs)])
   return timing.markdown_table(
       ["drill", "--skip_spikes_sigma", "test loss, mean (range over seeds)",
-       "precision@1", "spike skips per seed"], rows)
+       "precision@1", "spike skips per seed", "non-finite skips per seed"],
+      rows)

@@ -19,6 +19,7 @@ class SpikesBenchTest(tf.test.TestCase):
                        10 * cases[("undisturbed", 0.0)]["test_loss"])
     table = spikes_lib.markdown(results)
     self.assertLen(table.splitlines(), 5)
+    self.assertEqual(cases[("scale1e4", 6.0)]["exit_reason"], "max_steps")
     self.assertIn("| scale1e4 | 6 |", table)
 
   def testBadConfigIsRefused(self):

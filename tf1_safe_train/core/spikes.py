@@ -88,7 +88,8 @@ class SpikeConfig(collections.namedtuple(
       spike (> 0).
     warmup_steps: applied steps of history before anything is a spike.
     max_streak: this many spike skips in a row re-warm the detector.
-    loss: also watch the loss (needs the step's loss).
+    loss: also watch the loss (needs the step's loss; its log is taken, so
+      a loss <= 0 is never a spike and never enters the statistics).
     decay: the statistics' moving-average decay once warm (the first
       1 / (1 - decay) values are averaged evenly).
   """
@@ -168,7 +169,6 @@ class SpikeDetector(object):
         self._grad = _LogStats("grad_norm")
         self._loss = _LogStats("loss") if self.config.loss else None
     self._spike_skips = spike_skips_variable()
-    self._decided = None
 
   @property
   def variables(self):
