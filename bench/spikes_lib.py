@@ -8,6 +8,7 @@ the docs' table (test loss and precision@1 as mean and seed-to-seed range).
 """
 
 import dataclasses
+import math
 import statistics
 import tempfile
 import time
@@ -108,10 +109,17 @@ def run(config, log_fn=print):
 
 
 def _spread(values, fmt):
-  if len(values) == 1:
-    return fmt % values[0]
-  return (fmt + " (" + fmt + "–" + fmt + ")") % (
-      statistics.mean(values), min(values), max(values))
+  """Mean (min–max) of the finite values, and how many were not finite."""
+  finite = [v for v in values if math.isfinite(v)]
+  text = "-"
+  if len(finite) == 1:
+    text = fmt % finite[0]
+  elif finite:
+    text = (fmt + " (" + fmt + "–" + fmt + ")") % (
+        statistics.mean(finite), min(finite), max(finite))
+  if len(finite) < len(values):
+    text += " +%d NaN" % (len(values) - len(finite))
+  return text
 
 
 def markdown(results):
