@@ -2,9 +2,11 @@
 
 import math
 
+from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+import optimizer_test_util as test_util
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import spikes
@@ -53,14 +55,19 @@ def _config(**kwargs):
                                         max_streak=3), **kwargs))
 
 
-class SpikesTest(tf.test.TestCase):
+class SpikesTest(tf.test.TestCase, parameterized.TestCase):
 
   def _warm(self, model, sess, steps=6):
     for i in range(steps):
       self.assertTrue(model.step(sess, seed=i)["applied"])
 
-  def testSpikeSkipIsBitIdenticalButForSkipCounters(self):
-    with tf.Graph().as_default(), self.session() as sess:
+  # (control flow v2, resource variables): legacy graphs too.
+  @parameterized.named_parameters(
+      ("Default", True, True), ("CondV1", False, True),
+      ("RefVariables", True, False), ("CondV1RefVariables", False, False))
+  def testSpikeSkipIsBitIdenticalButForSkipCounters(self, v2, resource):
+    with test_util.tf_config(v2, resource), tf.Graph().as_default(), \
+        self.session() as sess:
       model = _Model(_config(), loss_scale="dynamic")
       sess.run(tf1.global_variables_initializer())
       self._warm(model, sess)
