@@ -1,7 +1,8 @@
 """What the non-finite guard costs, measured against what users would use.
 
-Five ways to run a training step (plain `apply_gradients`, the drop-in
-`SkipNonFiniteOptimizer`, the trainer's full guarded step, TF's dynamic
+Six ways to run a training step (plain `apply_gradients`, the drop-in
+`SkipNonFiniteOptimizer`, the trainer's full guarded step, without and with
+spike skips, TF's dynamic
 loss-scale optimizer and the two-`session.run` NumPy workaround) are built
 for one model, each in its own graph and session, and timed round-robin in
 one process on the same fixed batch (see `timing`); `run` returns the
@@ -37,13 +38,15 @@ tf1 = tf.compat.v1
 
 BASELINE = "plain"
 CONTROL = "plain_control"
-# The five ways to run a step, in the table's order (the timing shuffles).
+# The six ways to run a step, in the table's order (the timing shuffles).
 VARIANTS = ("plain", "skip_nonfinite_optimizer", "guarded_trainer_step",
-            "loss_scale_optimizer", "two_run_numpy")
+            "guarded_trainer_step_spikes", "loss_scale_optimizer",
+            "two_run_numpy")
 LABELS = {
     "plain": "plain apply_gradients (no protection)",
     "skip_nonfinite_optimizer": "SkipNonFiniteOptimizer",
     "guarded_trainer_step": "trainer's guarded step (towers=1)",
+    "guarded_trainer_step_spikes": "the same + --skip_spikes_sigma=6",
     "loss_scale_optimizer": "TF MixedPrecisionLossScaleOptimizer (dynamic)",
     "two_run_numpy": "two session.run + NumPy check",
     "plain_control": "plain again (A/A control: noise floor)",
@@ -199,18 +202,25 @@ def _build_skip_nonfinite(model, images, labels, learning_rate):
   return train_op, _no_skips()
 
 
-def _build_trainer(model, images, labels, learning_rate):
+def _build_trainer(model, images, labels, learning_rate, **spikes):
   """Variant 3: `train_step.build_step` with one CPU tower."""
   params = params_lib.TrainParams(
       model=model, num_towers=1, device="cpu", batch_size=len(images),
       optimizer="momentum", learning_rate=learning_rate,
       # The other variants' loss is the cross-entropy alone.
-      weight_decay=0.0).validate()
+      weight_decay=0.0, **spikes).validate()
   graph = train_step.build_step(
       params, replication.Local(params, towers.TowerConfig(1, "cpu")),
       dataset_fn=lambda unused_batch_size, unused_seed: _fixed_dataset(
           images, labels))
   return graph.train_op, _no_skips()
+
+
+def _build_trainer_spikes(model, images, labels, learning_rate):
+  """Variant 3b: the same with spike skips (a good step's cost: the
+  gradient norm and the statistics' update)."""
+  return _build_trainer(model, images, labels, learning_rate,
+                        skip_spikes_sigma=6.0)
 
 
 def _build_loss_scale(model, images, labels, learning_rate):
@@ -252,6 +262,7 @@ _BUILDERS = {
     "plain": _build_plain,
     "skip_nonfinite_optimizer": _build_skip_nonfinite,
     "guarded_trainer_step": _build_trainer,
+    "guarded_trainer_step_spikes": _build_trainer_spikes,
     "loss_scale_optimizer": _build_loss_scale,
     "two_run_numpy": _build_two_run,
     "plain_control": _build_plain,

@@ -48,6 +48,23 @@ class DrillTest(tf.test.TestCase):
       self.assertAllEqual(self.evaluate(pairs[1][0]), [np.inf])
       self.assertAllEqual(self.evaluate(pairs[2][0]), [2.0])
 
+  def testScaleMultipliesEveryGradientOfTheTowerOnItsSteps(self):
+    with tf.Graph().as_default():
+      v = tf1.get_variable("v", initializer=[0.0])
+      w = tf1.get_variable("w", initializer=[0.0, 0.0])
+      drill = drill_lib.Drill("scale1e3@3,nan@4", "grads")
+      for step, expected in ((2, [1.0, 2.0, 3.0]), (3, [1e3, 2e3, 3e3]),
+                             (4, [np.nan, 2.0, 3.0])):
+        tower = drill.tower(tf.constant(step, tf.int64), 0)
+        pairs = tower.grads([(None, v), (tf.constant([1.0]), v),
+                             (tf.constant([2.0, 3.0]), w)])
+        self.assertIsNone(pairs[0][0])
+        got = np.concatenate(self.evaluate([pairs[1][0], pairs[2][0]]))
+        self.assertAllClose(got, expected)
+        loss = drill_lib.Drill("scale1e3@3", "loss").tower(
+            tf.constant(step, tf.int64), 0).loss(tf.constant(2.0))
+        self.assertAllClose(self.evaluate(loss), 2e3 if step == 3 else 2.0)
+
 
 if __name__ == "__main__":
   tf.test.main()

@@ -27,6 +27,14 @@ class ParseSpecTest(tf.test.TestCase):
     self.assertEqual((5, 5, None, 0, 0), (rule.first_step, rule.last_step,
                                           rule.prob, rule.tower, rule.worker))
 
+  def testScaleKindIsAFiniteFactor(self):
+    rule, = injection.parse_spec('Scale1e4@7:1')
+    self.assertEqual(('scale1e4', 1e4, 7, 1), (rule.kind, rule.value,
+                                               rule.first_step, rule.tower))
+    self.assertTrue(injection.is_scale(rule))
+    self.assertEqual('scale1e4@7:1/0', str(rule))
+    self.assertFalse(injection.is_scale(injection.parse_spec('nan@1')[0]))
+
   def testRangeOpenRangeTowerAndWorker(self):
     rules = injection.parse_spec(' inf@3-7:1 , -inf@10-/2 ,NaN@0:2/3')
     self.assertEqual(
@@ -52,7 +60,12 @@ class ParseSpecTest(tf.test.TestCase):
   def testRejectsMalformedItems(self):
     cases = {
         '@5': 'KIND must be',
-        'nul@5': "KIND must be nan, inf or -inf, got 'nul'",
+        'nul@5': "KIND must be nan, inf, -inf or scaleF (e.g. scale1e4), "
+                 "got 'nul'",
+        'scale@5': 'KIND must be',
+        'scalex@5': 'KIND must be',
+        'scale0@5': 'scale factor must be a finite number > 0',
+        'scale1e999@5': 'scale factor must be a finite number > 0',
         '@': 'KIND must be',
         'nan': 'expected KIND@STEPS',
         'nan@': 'STEPS must be N, N-M or N-',

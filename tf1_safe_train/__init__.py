@@ -15,6 +15,7 @@ _EXPORTS = {
     "SkipCounters": "tf1_safe_train.core.counters",
     "skip_counters": "tf1_safe_train.core.counters",
     "SkipNonFiniteOptimizer": "tf1_safe_train.core.optimizer",
+    "SpikeConfig": "tf1_safe_train.core.spikes",
 }
 # Modules a legacy script uses by name: tf1_safe_train.summaries.histogram.
 _MODULES = {"summaries": "tf1_safe_train.core.summaries"}
@@ -28,8 +29,8 @@ _MODULES = {"summaries": "tf1_safe_train.core.summaries"}
 _MOVED = dict(
     [(name, "tf1_safe_train.core." + name) for name in (
         "checks", "cond_walk", "counters", "fetch_gate", "guard", "hooks",
-        "loss_scale", "optimizer", "per_device", "rollback", "step_report",
-        "write_check", "writes")] +
+        "loss_scale", "optimizer", "per_device", "rollback", "spikes",
+        "step_report", "write_check", "writes")] +
     [(name, "tf1_safe_train.trainer." + name) for name in (
         "checkpoints", "crash_report", "drill", "eval_lib", "finite_state",
         "flag_specs", "injection", "optimization", "params", "precision",

@@ -19,8 +19,8 @@ tf1 = tf.compat.v1
 
 GuardResult = collections.namedtuple("GuardResult", [
     "train_op", "applied", "nonfinite_flags", "variable_names", "counters",
-    "update_flags", "update_variable_names"
-])
+    "update_flags", "update_variable_names", "spikes"
+], defaults=(None,))
 GuardResult.__doc__ = """What `guarded_apply` built.
 
 Attributes:
@@ -36,6 +36,7 @@ Attributes:
     its value after them holds a NaN or an Inf; aligned with
     `update_variable_names`.
   update_variable_names: Python list of those variables' names.
+  spikes: the step's `spikes.SpikeReport`, or None without spike skips.
 """
 
 
@@ -50,6 +51,8 @@ def guarded_apply(grads_and_vars,
                   update_ops=None,
                   extra_nonfinite=(),
                   branch_ops=(),
+                  spikes=None,
+                  loss=None,
                   name="skip_nonfinite"):
   """Builds one step that applies `apply_fn` only if every gradient is finite.
 
@@ -77,7 +80,11 @@ def guarded_apply(grads_and_vars,
       e.g. one per tower from `nonfinite.any_nonfinite(tower_grads)`.
     branch_ops: objects with `on_apply()` and `on_skip()` methods returning
       ops, built inside the apply (after the update) and skip branches, e.g.
-      a `loss_scale.DynamicLossScale`.
+      a `loss_scale.DynamicLossScale`. On a spike skip their `on_skip`
+      does not run (a spike is no overflow: the loss scale keeps).
+    spikes: optional `spikes.SpikeDetector`: a finite step it calls a
+      spike is skipped too, by the same decision.
+    loss: the step's loss, for a detector that watches it.
     name: name scope of the step's ops.
 
   Returns:
@@ -91,6 +98,8 @@ def guarded_apply(grads_and_vars,
     raise ValueError("guarded_apply: no gradient for any of %d variables" %
                      len(grads_and_vars))
   update_ops = list(update_ops or [])
+  branch_ops = list(branch_ops)
+  spike_ops = [spikes] if spikes is not None else []
   counters = counters_lib.skip_counters()
   protected = rollback.Rollback(rollback.written_variables(update_ops))
   with tf1.name_scope(name):
@@ -117,8 +126,19 @@ def guarded_apply(grads_and_vars,
       update_flags = tf.zeros([0], tf.bool)
     # Built outside the block above, `any_bad` gets the control inputs here
     # (TF leaves them off an op whose inputs were built under them).
+    skip = any_bad
+    if spikes is not None:
+      skip = tf.logical_or(any_bad, spikes.decide(checked, any_bad, loss))
     with tf1.control_dependencies(updates):
-      all_finite = tf.logical_not(any_bad, name="all_finite")
+      all_finite = tf.logical_not(skip, name="all_finite")
+
+    def _on_skip():
+      if spikes is None or not branch_ops:
+        return [b.on_skip() for b in branch_ops]
+      # Built in the branch functions, so they run only on a non-finite skip.
+      return [tf.cond(any_bad, lambda: tf.group(*[b.on_skip()
+                                                  for b in branch_ops]),
+                      tf.no_op, name="nonfinite_skip")]
 
     def _apply_branch():
       with tf1.name_scope("apply"):
@@ -126,7 +146,7 @@ def guarded_apply(grads_and_vars,
         with tf1.control_dependencies([update]):
           steps = [protected.commit(),
                    _increment(counters.applied_steps),
-                   *[b.on_apply() for b in branch_ops],
+                   *[b.on_apply() for b in branch_ops + spike_ops],
                    tf1.assign(counters.consecutive_skips,
                               tf.constant(0, dtype=tf.int64))]
           if global_step is not None and not increment_global_step_on_skip:
@@ -138,13 +158,15 @@ def guarded_apply(grads_and_vars,
       with tf1.name_scope("skip"):
         steps = [protected.restore(),
                  _increment(counters.skipped_steps),
-                 *[b.on_skip() for b in branch_ops],
+                 *_on_skip(),
+                 *[b.on_skip() for b in spike_ops],
                  _increment(counters.consecutive_skips)]
         with tf1.control_dependencies(steps):
           return tf.identity(tf.constant(False))
 
     touched = ([v for _, v in checked] + protected.variables + list(counters) +
-               ([global_step] if global_step is not None else []))
+               ([global_step] if global_step is not None else []) +
+               (spikes.variables if spikes is not None else []))
     with rollback.control_flow_for(touched):
       applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
     writes.register_decision(applied)
@@ -160,4 +182,6 @@ def guarded_apply(grads_and_vars,
       variable_names=[v.op.name for _, v in checked],
       update_flags=update_flags,
       update_variable_names=[v.op.name for v in checked_writes],
-      counters=counters_lib.read_after(counters, train_op))
+      counters=counters_lib.read_after(counters, train_op),
+      spikes=(spikes.report(train_op, counters.skipped_steps)
+              if spikes is not None else None))

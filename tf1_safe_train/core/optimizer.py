@@ -16,6 +16,7 @@ from tf1_safe_train.core import guard
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import per_device
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train.core import step_report
 from tf1_safe_train.core import wrapper_replay
 from tf1_safe_train.core import write_check
@@ -70,6 +71,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
                update_ops=None,
                loss_scale=None,
                strict=False,
+               skip_spikes=None,
                name="SkipNonFinite"):
     """Creates the wrapper.
 
@@ -93,7 +95,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
 
     Raises:
       TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`.
-      ValueError: for an unknown `loss_scale`.
+      ValueError: for an unknown `loss_scale` or a bad `skip_spikes`.
     """
     if not isinstance(optimizer, tf1.train.Optimizer):
       raise TypeError("SkipNonFiniteOptimizer wraps a tf.compat.v1.train."
@@ -110,6 +112,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
                        "DynamicLossScale, got %r" % (loss_scale,))
     self._loss_scale = loss_scale
     self._strict = strict
+    self._spike_config = (None if skip_spikes is None
+                          else spikes_lib.SpikeConfig.of(skip_spikes))
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
     # Variables the last step already handles (global_step, counters, rolled
@@ -138,7 +142,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
             scaled, *args, **kw), loss, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
-                      *, tower_grads_and_vars=None):
+                      *, tower_grads_and_vars=None, loss=None):
     """Applies the gradients if all are finite; otherwise skips the step.
 
     Args:
@@ -151,6 +155,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
         and its device. The decision stays on `grads_and_vars` (a tower's
         NaN or Inf reaches the average); the towers' checks only feed the
         report.
+      loss: optional, the step's loss for loss-spike skips (default: the
+        mean of the losses given to `compute_gradients` since the last
+        step).
 
     Returns:
       The step's train op.
@@ -161,7 +168,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
 
     result = self._build_step(grads_and_vars, global_step, apply_fn,
-                              [(self._optimizer, grads_and_vars)])
+                              [(self._optimizer, grads_and_vars)], loss)
     towers, devices = None, None
     if tower_grads_and_vars is not None:
       towers, devices = step_report.tower_flags(grads_and_vars,
@@ -208,7 +215,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
-                  optimizers_and_pairs):
+                  optimizers_and_pairs, loss=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
     if self._last_result is not None:
       # Not an error: a GAN's two steps are built by two calls (and run by
@@ -237,6 +244,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
         # not restore. (Creating them again inside the branch reuses these.)
         with tf1.init_scope():
           optimizer._create_slots(var_list)  # pylint: disable=protected-access
+    detector = None
+    if self._spike_config is not None:
+      detector = spikes_lib.SpikeDetector(self._spike_config)
+      if loss is None and losses:
+        loss = tf.add_n(losses) / float(len(losses))
 
     result = guard.guarded_apply(
         grads_and_vars,
@@ -245,6 +257,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
         branch_ops=[self._loss_scale] if self._loss_scale else [],
+        spikes=detector, loss=loss,
         name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._last_result = result
@@ -252,6 +265,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
         rollback.written_variables(update_ops) +
         list(counters_lib.skip_counters()) +
         (list(self._loss_scale.variables) if self._loss_scale else []) +
+        (detector.variables if detector else []) +
         ([global_step] if global_step is not None else []))
     return result
 

@@ -15,6 +15,7 @@ from tf1_safe_train.core import guard
 from tf1_safe_train.core import hooks
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import spikes
 from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
@@ -75,6 +76,8 @@ class StepReport(object):
                     "update_flags": result.update_flags}
     if tower_flags is not None:
       self.fetches["towers"] = tower_flags
+    if result.spikes is not None:
+      self.fetches["spikes"] = spikes.fetches(result.spikes)
 
   def describe(self, values):
     """The report line of a run's fetched `fetches`, or None if applied.
@@ -90,6 +93,8 @@ class StepReport(object):
     if values["applied"]:
       return None
     step = int(values["step"])
+    if "spikes" in values and values["spikes"]["spike"]:
+      return spikes.describe(step, values["spikes"])
     flags = np.asarray(values["flags"], dtype=bool)
     if "towers" in values and flags.any():
       line = hooks.describe_skip(step, values["towers"], flags,

@@ -4,13 +4,17 @@ A resume with another `--model`, `--num_towers`, `--precision`,
 `--optimizer` or `--moving_average_decay` would fail deep in a restore:
 `mismatch` names the first variable that does not fit and the flag that
 probably differs. Variables renamed since older checkpoints were written
-keep their former names (`names_in`), so those runs still resume.
+keep their former names (`names_in`), so those runs still resume; the
+state of an option switched on at a resume (`spikes.OPTIONAL_STATE`, e.g.
+--skip_spikes_sigma's statistics) starts afresh (`fresh_variables`).
 """
 
 import json
 import os
 
 import tensorflow as tf
+
+from tf1_safe_train.core import spikes
 
 tf1 = tf.compat.v1
 
@@ -73,10 +77,29 @@ def names_in(checkpoint, variables):
   return names
 
 
+def fresh_variables(checkpoint, variables):
+  """The optional state of `variables` that `checkpoint` lacks (a list).
+
+  Such variables (`spikes.OPTIONAL_STATE`: the state of an option switched
+  on at this resume) are not restored but initialised (`FiniteSaver`'s
+  `fresh`): a run resumed with --skip_spikes_sigma warms up again.
+  """
+  if not checkpoint:
+    return []
+  shapes = tf1.train.NewCheckpointReader(
+      checkpoint).get_variable_to_shape_map()
+  optional = {id(v) for v in tf1.get_collection(spikes.OPTIONAL_STATE)}
+  fresh = [v for name, v in names_in(checkpoint, variables).items()
+           if id(v) in optional and name not in shapes]
+  return fresh
+
+
 def saver_var_list(checkpoint, variables):
-  """`names_in`, or None when every name is today's (the Saver's default)."""
+  """`names_in`, or None when every name is today's (the Saver's default)
+  and nothing starts afresh."""
   names = names_in(checkpoint, variables)
-  if all(name == v.op.name for name, v in names.items()):
+  if (all(name == v.op.name for name, v in names.items()) and
+      not fresh_variables(checkpoint, variables)):
     return None
   return names
 
@@ -96,7 +119,10 @@ def mismatch(checkpoint, variables, params):
   reader = tf1.train.NewCheckpointReader(checkpoint)
   shapes = reader.get_variable_to_shape_map()
   problem = None
+  fresh = {id(v) for v in fresh_variables(checkpoint, variables)}
   for name, v in names_in(checkpoint, variables).items():
+    if id(v) in fresh:
+      continue
     if name not in shapes:
       problem = name, "is not in it"
     elif list(shapes[name]) != v.shape.as_list():

@@ -213,17 +213,37 @@ class FiniteSaver(tf1.train.Saver):
   the run); the last checkpoint is still the last good state.
   """
 
-  def __init__(self, check, on_refuse, **kwargs):
+  def __init__(self, check, on_refuse, fresh=(), **kwargs):
     """Creates the saver.
 
     Args:
       check: a `finite_state.FiniteStateCheck`.
       on_refuse: `on_refuse(step, names)`, called for each refused save.
+      fresh: variables of `var_list` (a dict) that a restore initialises
+        when the checkpoint lacks them (`checkpoint_fit.fresh_variables`).
       **kwargs: `tf1.train.Saver` arguments.
     """
     super().__init__(**kwargs)
     self._check = check
     self._on_refuse = on_refuse
+    self._fresh, self._restorer = list(fresh), None
+    if self._fresh:
+      ids = {id(v) for v in self._fresh}
+      self._restorer = tf1.train.Saver(
+          {n: v for n, v in kwargs["var_list"].items() if id(v) not in ids},
+          save_relative_paths=kwargs.get("save_relative_paths", False))
+      self._fresh_init = tf1.variables_initializer(self._fresh)
+
+  def restore(self, sess, save_path):
+    names = (tf1.train.NewCheckpointReader(save_path)
+             .get_variable_to_shape_map() if self._fresh else {})
+    if not any(v.op.name not in names for v in self._fresh):
+      return super().restore(sess, save_path)
+    self._restorer.restore(sess, save_path)
+    sess.run(self._fresh_init)
+    logging.info("restored %s, which lacks %s: they start afresh (the state "
+                 "of an option this run switched on)", save_path,
+                 ", ".join(v.op.name for v in self._fresh))
 
   def save(self, sess, save_path, global_step=None, **kwargs):
     bad = self._check.nonfinite(sess)

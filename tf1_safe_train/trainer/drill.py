@@ -3,7 +3,9 @@
 A `Drill` holds the run's validated `injection.Rule`s and where they poison
 (`--inject_into`: the input, the loss or the gradients); `Drill.tower` gives
 one tower its three poison points, each the identity (no op added) unless
-that point is the target and a rule names that tower and worker.
+that point is the target and a rule names that tower and worker. A scaleF
+rule multiplies the target by F instead (a finite spike: every gradient of
+the tower, its loss, or its input).
 """
 
 import tensorflow as tf
@@ -56,34 +58,54 @@ class Drill(object):
       return TowerDrill(None, None, None)
     active, value = injection.active_value(self.rules, step, tower=tower,
                                            worker=worker, seed=self.seed)
-    return TowerDrill(self.target, active, value)
+    factor = None
+    if any(injection.is_scale(r) and r.tower == tower and r.worker == worker
+           for r in self.rules):
+      scaled, by = injection.active_value(self.rules, step, tower=tower,
+                                          worker=worker, seed=self.seed,
+                                          scale=True)
+      factor = tf.where(scaled, by, tf.constant(1.0))
+    return TowerDrill(self.target, active, value, factor)
 
 
 class TowerDrill(object):
   """One tower's poison points; each returns its argument unless targeted."""
 
-  def __init__(self, target, active, value):
+  def __init__(self, target, active, value, factor=None):
     self._target = target
     self._active = active
     self._value = value
+    self._factor = factor  # float32 scalar (1.0 when inactive), or None.
+
+  def _scaled(self, x):
+    if self._factor is None:
+      return x
+    if isinstance(x, tf.IndexedSlices):
+      return tf.IndexedSlices(self._scaled(x.values), x.indices,
+                              x.dense_shape)
+    return x * tf.cast(self._factor, x.dtype)
 
   def input(self, images):
     if self._target != "input":
       return images
-    return injection.poison(images, self._active, self._value)
+    return injection.poison(self._scaled(images), self._active, self._value)
 
   def loss(self, loss):
     if self._target != "loss":
       return loss
+    loss = self._scaled(loss)
     # Multiplicative, so the fault reaches the gradients as a real NaN/Inf
     # loss does (a replaced value would carry a zero gradient).
     return loss * tf.where(self._active, self._value, tf.constant(1.0))
 
   def grads(self, grads_and_vars):
-    """Poisons the first gradient (of the first variable that has one)."""
-    grads_and_vars = list(grads_and_vars)
+    """Scales every gradient; poisons the first (of the first variable that
+    has one)."""
     if self._target != "grads":
-      return grads_and_vars
+      return list(grads_and_vars)
+    # A scale spikes the whole tower's gradients, as a bad device would.
+    grads_and_vars = [(None if g is None else self._scaled(g), v)
+                      for g, v in grads_and_vars]
     for i, (g, v) in enumerate(grads_and_vars):
       if g is not None:
         grads_and_vars[i] = (injection.poison(g, self._active, self._value), v)

@@ -11,6 +11,7 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.core import spikes as spikes_lib
 
 tf1 = tf.compat.v1
 
@@ -88,7 +89,7 @@ class SkipReportHook(core_hooks.GatedHook):
 
   def __init__(self, step_index, applied, tower_flags, average_flags,
                variable_names, tower_devices, loss_scale=None,
-               loss_scale_floor=1.0):
+               loss_scale_floor=1.0, spikes=None):
     """Creates the hook.
 
     Args:
@@ -103,11 +104,15 @@ class SkipReportHook(core_hooks.GatedHook):
         with: a skip above `loss_scale_floor` is reported as an expected
         loss-scale overflow, one at the floor as a real fault.
       loss_scale_floor: the loss scale's floor.
+      spikes: optional `spikes.SpikeReport` of the decision: a spike skip
+        is reported with its value and threshold.
     """
     self._fetches = {"step": step_index, "applied": applied,
                      "towers": tower_flags, "average": average_flags}
     if loss_scale is not None:
       self._fetches["loss_scale"] = loss_scale
+    if spikes is not None:
+      self._fetches["spikes"] = spikes_lib.fetches(spikes)
     self._floor = loss_scale_floor
     self._variable_names = list(variable_names)
     self._tower_devices = list(tower_devices)
@@ -117,6 +122,10 @@ class SkipReportHook(core_hooks.GatedHook):
       return
     results = run_values.results
     if results["applied"]:
+      return
+    if "spikes" in results and results["spikes"]["spike"]:
+      logging.warning("%s", spikes_lib.describe(int(results["step"]),
+                                                results["spikes"]))
       return
     report = core_hooks.describe_skip(int(results["step"]), results["towers"],
                            results["average"], self._variable_names,

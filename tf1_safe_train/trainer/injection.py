@@ -8,8 +8,10 @@ in the graph and `poison` applies them, with an exact pure-Python twin
 Spec grammar (comma-separated items, whitespace around items ignored):
   KIND@STEPS[:TOWER][/WORKER]   STEPS is N, N-M (inclusive) or N- (for ever)
   KIND%PROB[:TOWER][/WORKER]    PROB is a per-step probability in (0, 1]
-KIND is nan, inf or -inf; TOWER and WORKER default to 0. A step is the value
-of global_step when the step runs (the first step of a fresh run is 0).
+KIND is nan, inf or -inf, or scaleF (F a finite factor > 0, e.g. scale1e4:
+a finite spike, multiplying instead of replacing); TOWER and WORKER default
+to 0. A step is the value of global_step when the step runs (the first step
+of a fresh run is 0).
 """
 
 import collections
@@ -24,6 +26,7 @@ tf1 = tf.compat.v1
 _VALUES = {'nan': math.nan, 'inf': math.inf, '-inf': -math.inf}
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
+_SCALE_RE = re.compile(r'^scale([0-9.]+(?:e[-+]?[0-9]+)?)$')
 _ITEM_RE = re.compile(r'^(?P<kind>[^@%]*)(?P<sep>[@%])(?P<arg>[^:/]*)'
                       r'(?::(?P<tower>[^/]*))?(?:/(?P<worker>.*))?$')
 _STEPS_RE = re.compile(r'^([0-9]+)(?:(-)([0-9]*))?$')
@@ -45,8 +48,8 @@ class Rule(collections.namedtuple(
   """One injection rule.
 
   Attributes:
-    kind: 'nan', 'inf' or '-inf'.
-    value: the float written (nan, inf or -inf).
+    kind: 'nan', 'inf', '-inf' or 'scale<F>'.
+    value: the float written (nan, inf or -inf), or the factor F.
     first_step: first global step poisoned (0 for probability rules).
     last_step: last global step poisoned, inclusive; None for ever.
     prob: per-step probability in (0, 1], or None for step rules.
@@ -76,8 +79,13 @@ def _parse_item(item):
   if not match:
     fail('expected KIND@STEPS[:TOWER][/WORKER] or KIND%PROB[:TOWER][/WORKER]')
   kind = match.group('kind').strip().lower()
-  if kind not in _VALUES:
-    fail('KIND must be nan, inf or -inf, got %r' % match.group('kind').strip())
+  scale = _SCALE_RE.match(kind)
+  factor = float(scale.group(1)) if scale else None
+  if scale and not 0 < factor < math.inf:
+    fail('scale factor must be a finite number > 0, got %r' % scale.group(1))
+  if kind not in _VALUES and not scale:
+    fail('KIND must be nan, inf, -inf or scaleF (e.g. scale1e4), got %r' %
+         match.group('kind').strip())
   arg = match.group('arg').strip()
   prob, last = None, None
   if match.group('sep') == '@':
@@ -108,7 +116,13 @@ def _parse_item(item):
     if not _INDEX_RE.match(text):
       fail('%s must be a non-negative integer, got %r' % (name.upper(), text))
     indices.append(int(text))
-  return Rule(kind, _VALUES[kind], first, last, prob, indices[0], indices[1])
+  return Rule(kind, factor if scale else _VALUES[kind], first, last, prob,
+              indices[0], indices[1])
+
+
+def is_scale(rule):
+  """True for a finite scale rule (scaleF), False for nan/inf/-inf."""
+  return rule.kind.startswith('scale')
 
 
 def parse_spec(spec):
@@ -181,9 +195,11 @@ def uniform_graph(key, step):
   return tf.cast(tf.bitwise.right_shift(z, u64(11)), tf.float64) * 2.0**-53
 
 
-def _selected(rules, tower, worker):
+def _selected(rules, tower, worker, scale=None):
+  """(index, rule) of `rules` for this tower/worker (and kind, unless None)."""
   return [(i, r) for i, r in enumerate(rules)
-          if r.tower == tower and r.worker == worker]
+          if r.tower == tower and r.worker == worker and
+          scale in (None, is_scale(r))]
 
 
 def is_active(rules, step, tower, worker=0, seed=0):
@@ -201,7 +217,7 @@ def is_active(rules, step, tower, worker=0, seed=0):
   return False, 0.0
 
 
-def active_value(rules, step, tower, worker=0, seed=0):
+def active_value(rules, step, tower, worker=0, seed=0, scale=False):
   """Builds the graph deciding whether this tower is poisoned at `step`.
 
   The ops are colocated with `step` (normally the global_step read, on the
@@ -213,12 +229,13 @@ def active_value(rules, step, tower, worker=0, seed=0):
     tower: this tower's index.
     worker: this worker's index.
     seed: int seed of the probability rules.
+    scale: the scaleF rules (True) or the nan/inf/-inf ones (False).
 
   Returns:
     (active, value): bool tensor and float32 tensor (0.0 when not active);
     with no rule for this tower/worker, constants False and 0.0.
   """
-  selected = _selected(rules, tower, worker)
+  selected = _selected(rules, tower, worker, scale)
   with tf.name_scope('inject_nonfinite'):
     if not selected:
       return tf.constant(False, name='active'), tf.constant(0.0, name='value')

@@ -79,6 +79,28 @@ def _check_rollback(params):
          params.max_consecutive_skips != 0,
          "--on_persistent_skips=rollback needs --max_consecutive_skips >= 1 "
          "(0 never ends a streak)")
+def _check_spikes(params):
+  _check(checks.is_number(params.skip_spikes_sigma) and
+         params.skip_spikes_sigma >= 0,
+         "--skip_spikes_sigma=%r: must be >= 0 (0 = off)",
+         params.skip_spikes_sigma)
+  for name in ("spike_warmup_steps", "spike_max_streak"):
+    value = getattr(params, name)
+    _check(checks.is_int(value) and value >= 1,
+           "--%s=%r: must be an integer >= 1", name, value)
+  _check(isinstance(params.skip_loss_spikes, bool),
+         "--skip_loss_spikes=%r: must be a boolean", params.skip_loss_spikes)
+  _check(not (params.skip_spikes_sigma and params.max_consecutive_skips) or
+         params.spike_max_streak < params.max_consecutive_skips,
+         "--spike_max_streak=%r: must be below --max_consecutive_skips=%r "
+         "(the run would give up before the spike detector re-warms)",
+         params.spike_max_streak, params.max_consecutive_skips)
+  _check(not params.skip_loss_spikes or params.skip_spikes_sigma > 0,
+         "--skip_loss_spikes needs --skip_spikes_sigma > 0")
+  # The chief decides on the aggregate gradients; no loss reaches it.
+  _check(not (params.skip_loss_spikes and params.sync_replicas),
+         "--skip_loss_spikes is not supported with --sync_replicas (the "
+         "chief decides on the aggregate gradients and sees no loss)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +164,19 @@ class TrainParams(object):
   rollback_halve_learning_rate: bool = _param(
       False, "Rollback: halve the learning rate at each rollback (kept in "
       "checkpoints).")
+  skip_spikes_sigma: float = _param(
+      0.0, "Also skip a finite step whose global gradient norm exceeds its "
+      "running mean over applied steps by more than this many standard "
+      "deviations (log scale), e.g. 6; 0 = off.")
+  spike_warmup_steps: int = _param(
+      100, "--skip_spikes_sigma: applied steps of history before a step can "
+      "be a spike.")
+  spike_max_streak: int = _param(
+      10, "--skip_spikes_sigma: this many spike skips in a row are a regime "
+      "change, not a spike: the detector re-warms.")
+  skip_loss_spikes: bool = _param(
+      False, "--skip_spikes_sigma: also skip a step whose loss is a spike "
+      "(not with --sync_replicas: the chief sees no loss).")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(
@@ -149,7 +184,8 @@ class TrainParams(object):
   log_every_n_steps: int = _param(50, "Progress line every this many steps.")
   inject_nonfinite: str = _param(
       "", "Fault drill: comma-separated KIND@STEPS[:TOWER][/WORKER] or "
-      "KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf; STEPS N, N-M or N-; "
+      "KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf, or scaleF to multiply "
+      "by F, e.g. scale1e4: a finite spike; STEPS N, N-M or N-; "
       "TOWER and WORKER default to 0), e.g. nan@100:1,inf%0.01,nan@10-20:0/1.")
   inject_into: str = _param(
       "grads", "What the drill poisons: a tower's grads, loss or input "
@@ -204,6 +240,7 @@ class TrainParams(object):
            "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
            "give up)", self.max_consecutive_skips)
     _check_rollback(self)
+    _check_spikes(self)
     for name in ("save_checkpoints_steps", "save_summaries_steps",
                  "log_every_n_steps"):
       value = getattr(self, name)

@@ -67,8 +67,8 @@ def build(params, latest, steps_run, first_step_time, start, end,
     params: the run's `params.TrainParams`.
     latest: the values fetched after the last step (`hooks.RunStatsHook`'s
       `latest`: global_step, loss, counters, nonfinite_steps_by_tower,
-      max_consecutive_skips_seen, optionally loss_scale), or None if no
-      step ran.
+      max_consecutive_skips_seen, optionally loss_scale and skip_reasons),
+      or None if no step ran.
     steps_run: steps this run executed.
     first_step_time: time.time() after the first step, or None.
     start: time.time() when the run started.
@@ -87,12 +87,17 @@ def build(params, latest, steps_run, first_step_time, start, end,
   timed_steps = steps_run - 1
   timed_seconds = end - first_step_time if first_step_time else 0.0
   counters = latest["counters"]
+  # Without --skip_spikes_sigma every skip is a non-finite one.
+  spike_skips = int(latest["skip_reasons"].spike_skips
+                    if "skip_reasons" in latest else 0)
   return {
       **({"loss_scale": float(latest["loss_scale"])}
          if "loss_scale" in latest else {}),
       "global_step": int(latest["global_step"]),
       "applied_steps": int(counters.applied_steps),
       "skipped_steps": int(counters.skipped_steps),
+      "nonfinite_skips": int(counters.skipped_steps) - spike_skips,
+      "spike_skips": spike_skips,
       "consecutive_skips": int(counters.consecutive_skips),
       "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
       "nonfinite_steps_by_tower": [
@@ -119,7 +124,7 @@ def _restored(params, exit_reason, wall_seconds):
   reader = tf1.train.load_checkpoint(checkpoint)
   names = reader.get_variable_to_shape_map()
   for name in ("global_step", "max_consecutive_skips_seen",
-               "rolled_back_steps") + (
+               "rolled_back_steps", "spike_skips") + (
       counters_lib.SkipCounters._fields):
     if name in names:
       summary[name] = int(reader.get_tensor(name))

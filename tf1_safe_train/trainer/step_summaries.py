@@ -14,6 +14,9 @@ def add(step):
   tf1.summary.scalar("learning_rate", step.learning_rate)
   for name, value in step.counters._asdict().items():
     tf1.summary.scalar("skips/" + name, value)
+  if "skip_reasons" in step.totals:  # Only with --skip_spikes_sigma.
+    for name, value in step.totals["skip_reasons"]._asdict().items():
+      tf1.summary.scalar("skips/" + name, value)
   by_tower = step.totals["nonfinite_steps_by_tower"]
   for i in range(len(step.report.tower_devices)):
     tf1.summary.scalar("skips/nonfinite_steps_tower_%d" % i, by_tower[i])

@@ -101,7 +101,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         hooks_lib.SkipReportHook(
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
-            loss_scale=step.loss_scale_before),
+            loss_scale=step.loss_scale_before, spikes=step.spikes),
         give_up, on_signal, stats,
         *strategy.step_hooks(),
         state_hook,
@@ -116,6 +116,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         state_check, state_hook.refuse_save,
         var_list=checkpoint_fit.saver_var_list(resume,
                                                tf1.global_variables()),
+        fresh=checkpoint_fit.fresh_variables(resume, tf1.global_variables()),
         max_to_keep=recovery.keep_checkpoint_max(params),
         save_relative_paths=True)
     if isinstance(give_up, recovery.RollbackHook):

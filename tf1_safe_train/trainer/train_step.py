@@ -29,6 +29,7 @@ from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import drill as drill_lib
@@ -42,7 +43,8 @@ tf1 = tf.compat.v1
 
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
-    "report", "totals", "loss_scale", "loss_scale_before", "variables"])
+    "report", "totals", "loss_scale", "loss_scale_before", "variables",
+    "spikes"])
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -60,6 +62,8 @@ Attributes:
   loss_scale_before: the scale the step's loss was multiplied by, or None.
   variables: the state variables themselves (unordered reads): global_step,
     counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
+  spikes: with --skip_spikes_sigma, the decision's `spikes.SpikeReport`
+    (None with sync replicas: the chief decides), else None.
 """
 
 SkipReport = collections.namedtuple("SkipReport", [
@@ -159,6 +163,14 @@ def _or_tower0(tower_nonfinite, flag):
                     tower_nonfinite[1:]], axis=0)
 
 
+def _spike_config(params):
+  if not params.skip_spikes_sigma:
+    return None  # The graph is exactly the one without the option.
+  return spikes_lib.SpikeConfig(
+      params.skip_spikes_sigma, params.spike_warmup_steps,
+      params.spike_max_streak, params.skip_loss_spikes)
+
+
 def _input(params, worker_index, dataset_fn):
   with tf.device("/device:CPU:0"), tf1.name_scope("input"):
     # Each worker of a cluster shuffles its own way (worker 0 as alone).
@@ -252,12 +264,16 @@ def build_step(params, strategy, dataset_fn=None):
   guarded = optimizer_lib.SkipNonFiniteOptimizer(
       _Update(params, optimizer, statistics, counters.applied_steps),
       increment_global_step_on_skip=params.increment_global_step_on_skip,
-      update_ops=update_ops, loss_scale=loss_scale, name="guarded_step")
+      update_ops=update_ops, loss_scale=loss_scale, name="guarded_step",
+      skip_spikes=_spike_config(params))
   with tf1.device(config.variables_device()):
+    loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
     pairs = list(grads_and_vars) + statistics
+    # (Loss spikes are refused with sync replicas, whose apply has no loss.)
+    kwargs = dict(loss=loss) if params.skip_loss_spikes else {}
     with tf1.control_dependencies([step_index]):
       step_op = strategy.decider(guarded).apply_gradients(
-          pairs, global_step=global_step)
+          pairs, global_step=global_step, **kwargs)
     result = strategy.result(guarded, pairs, tower_nonfinite)
     average_flags, names = result.nonfinite_flags, result.variable_names
     if result.update_variable_names:
@@ -284,7 +300,11 @@ def build_step(params, strategy, dataset_fn=None):
           "nonfinite_steps_by_tower": tf.identity(
               nonfinite_by_tower.read_value()),
           "max_consecutive_skips_seen": tf.identity(max_seen.read_value())}
-    loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
+      if params.skip_spikes_sigma:
+        # The variables, not the decision's report: a sync worker reads
+        # the chief's counts too.
+        totals["skip_reasons"] = spikes_lib.read_reasons(
+            counters.skipped_steps, train_op)
 
   step = Step(
       train_op=train_op, step_index=step_index, loss=loss,
@@ -296,6 +316,7 @@ def build_step(params, strategy, dataset_fn=None):
       loss_scale_before=scale,
       variables={"global_step": global_step, "counters": counters,
                  "nonfinite_steps_by_tower": nonfinite_by_tower,
-                 "max_consecutive_skips_seen": max_seen})
+                 "max_consecutive_skips_seen": max_seen},
+      spikes=result.spikes)
   step_summaries.add(step)
   return step

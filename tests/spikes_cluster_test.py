@@ -1,0 +1,118 @@
+"""Spike skips in a loopback cluster: the chief decides on the aggregate.
+
+One sync run of //:local_cluster (1 ps + 2 workers): worker 1's gradients
+are scaled by 1e4 at one step; the aggregate's gradient-norm spike is skipped
+for every replica and nothing but the counters moves. Loss spikes are
+refused with --sync_replicas in one line.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import uuid
+
+import numpy as np
+import tensorflow as tf
+
+import binaries
+from tf1_safe_train.trainer import run_summary
+
+tf1 = tf.compat.v1
+
+_TIMEOUT_SECS = 240
+
+
+def _checkpoint_values(path):
+  reader = tf1.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+def _kill_leftovers(marker):
+  """Kills (and returns) the processes whose command line holds `marker`."""
+  left = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+      continue
+    try:
+      with open("/proc/%s/cmdline" % pid, "rb") as f:
+        if marker.encode() not in f.read():
+          continue
+      os.kill(int(pid), signal.SIGKILL)
+      left.append(int(pid))
+    except OSError:
+      continue
+  return left
+
+
+class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
+
+  def _local_cluster(self, *flags):
+    """Runs //:local_cluster; returns (its train_dir, run summary)."""
+    train_dir = tempfile.mkdtemp(prefix="run_%s_" % uuid.uuid4().hex[:8],
+                                 dir=self.get_temp_dir())
+    command = binaries.command("local_cluster") + [
+        "--num_ps=1", "--num_workers=2", "--stop_grace_secs=30", "--",
+        "--train_dir=" + train_dir, "--batch_size=4", "--num_towers=1",
+        "--device=cpu", "--save_summaries_steps=1000",
+        "--skip_spikes_sigma=6", "--spike_warmup_steps=8"] + list(flags)
+    process = subprocess.Popen(command, env=binaries.env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+      _, err = process.communicate(timeout=_TIMEOUT_SECS)
+    finally:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+      self.assertEqual(_kill_leftovers(train_dir), [],
+                       "processes left running")
+    self.assertEqual(process.returncode, 0, err[-3000:])
+    with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
+      return train_dir, json.load(f)
+
+  def testSyncSkipsTheAggregatesGradientNormSpike(self):
+    train_dir, summary = self._local_cluster(
+        "--sync_replicas", "--max_steps=16", "--save_checkpoints_steps=1",
+        "--inject_nonfinite=scale1e4@13/1")
+    self.assertEqual(summary["global_step"], 16)
+    self.assertEqual((summary["spike_skips"], summary["nonfinite_skips"]),
+                     (1, 0))
+    path = os.path.join(train_dir, "model.ckpt-%d")
+    before, after = (_checkpoint_values(path % s) for s in (13, 14))
+    changed = sorted(n for n in before
+                     if not np.array_equal(before[n], after[n]))
+    self.assertEqual(changed, ["consecutive_skips", "global_step",
+                               "max_consecutive_skips_seen", "skipped_steps",
+                               "spike_skips", "spike_stats/streak"])
+
+  def testAsyncWorkersSkipTheirOwnSpikes(self):
+    # Each worker decides on its own gradients and loss; the statistics on
+    # the ps learn from every worker's applied steps. Both workers spike
+    # from global step 10 on (which steps each runs depends on timing).
+    train_dir, summary = self._local_cluster(
+        "--max_steps=20", "--save_checkpoints_steps=1000",
+        "--skip_loss_spikes", "--spike_max_streak=1000",
+        "--max_consecutive_skips=0",
+        "--inject_nonfinite=scale1e4@10-/0,scale1e4@10-/1")
+    self.assertGreater(summary["spike_skips"], 0)
+    self.assertGreaterEqual(summary["applied_steps"], 10)
+    self.assertEqual(summary["nonfinite_skips"], 0)
+    values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
+    self.assertEqual(values["spike_skips"], summary["spike_skips"])
+    self.assertTrue(all(np.isfinite(v).all() for v in values.values()
+                        if np.issubdtype(np.asarray(v).dtype, np.floating)))
+
+  def testLossSpikesWithSyncReplicasAreRefusedInOneLine(self):
+    result = binaries.run("train", "--sync_replicas", "--skip_spikes_sigma=6",
+                          "--skip_loss_spikes",
+                          "--train_dir=" + self.get_temp_dir())
+    self.assertOneLineError(
+        result, "--skip_loss_spikes is not supported with --sync_replicas",
+        exit_code=2)
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,113 @@
+"""End-to-end tests of --skip_spikes_sigma in the trainer (virtual CPUs)."""
+
+import os
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+import train_dir_util
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import train_lib
+
+tf1 = tf.compat.v1
+
+# A finite spike (tower 1's gradients x 1e4) at step 8, a NaN at step 10.
+_DRILL = "scale1e4@8:1,nan@10:0"
+
+
+def _params(train_dir, **overrides):
+  values = dict(train_dir=train_dir, num_towers=2, device="cpu", batch_size=8,
+                max_steps=12, save_checkpoints_steps=1000,
+                save_summaries_steps=1000, log_every_n_steps=100,
+                spike_warmup_steps=5)
+  values.update(overrides)
+  return params_lib.TrainParams(**values).validate()
+
+
+def _skip_lines(logs):
+  return [r.getMessage() for r in logs.records
+          if "skipped step" in r.getMessage()]
+
+
+class SpikesTrainTest(tf.test.TestCase):
+
+  def _train_dir(self, name):
+    return os.path.join(self.get_temp_dir(), name)
+
+  def testDrillSpikeIsSkippedAndCountedByReason(self):
+    train_dir = self._train_dir("on")
+    with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+      summary = train_lib.train(_params(train_dir, skip_spikes_sigma=6.0,
+                                        inject_nonfinite=_DRILL))
+    self.assertEqual((summary["applied_steps"], summary["skipped_steps"]),
+                     (10, 2))
+    self.assertEqual(summary["spike_skips"], 1)
+    self.assertEqual(summary["nonfinite_skips"], 1)
+    self.assertLess(summary["final_loss"], 10.0)
+    lines = _skip_lines(logs)
+    self.assertLen(lines, 2)
+    self.assertRegex(lines[0], r"skipped step 8: spike, gradient norm "
+                     r"\S+ > threshold \S+")
+    self.assertIn("skipped step 10: non-finite", lines[1])
+    values = train_dir_util.checkpoint_values(train_dir)
+    self.assertEqual(values["spike_skips"], 1)
+    # Statistics of the 10 applied steps only; finite.
+    self.assertEqual(values["spike_stats/applied"], 10)
+    self.assertTrue(np.isfinite(values["spike_stats/grad_norm_log_var"]))
+
+  def testWithoutTheOptionTheSameDrillIsAppliedAndHurts(self):
+    train_dir = self._train_dir("off")
+    summary = train_lib.train(_params(train_dir, inject_nonfinite=_DRILL))
+    self.assertEqual((summary["skipped_steps"], summary["nonfinite_skips"],
+                      summary["spike_skips"]), (1, 1, 0))
+    self.assertGreater(summary["final_loss"], 100.0)
+    # The graph is the one without the option: no spike state saved.
+    self.assertEmpty([name for name in train_dir_util.checkpoint_values(
+        train_dir) if "spike" in name])
+
+  def testStreakOfSpikesRewarmsInsteadOfGivingUp(self):
+    train_dir = self._train_dir("streak")
+    with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+      summary = train_lib.train(_params(
+          train_dir, skip_spikes_sigma=6.0, spike_max_streak=3,
+          max_consecutive_skips=4, max_steps=14,
+          inject_nonfinite="scale1e3@8-:0,scale1e3@8-:1"))
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(summary["spike_skips"], 3)
+    lines = _skip_lines(logs)
+    self.assertIn("re-warms", lines[2])
+    self.assertEqual(train_dir_util.checkpoint_values(train_dir)[
+        "spike_stats/rewarms"], 1)
+
+  def testResumesACheckpointWrittenWithoutTheOption(self):
+    train_dir = self._train_dir("resume")
+    first = train_lib.train(_params(train_dir, max_steps=4,
+                                    inject_nonfinite="nan@1:0"))
+    self.assertEqual(first["skipped_steps"], 1)
+    second = train_lib.train(_params(train_dir, max_steps=8,
+                                     skip_spikes_sigma=6.0))
+    self.assertEqual(second["steps_this_run"], 4)
+    self.assertEqual((second["applied_steps"], second["nonfinite_skips"],
+                      second["spike_skips"]), (7, 1, 0))
+    values = train_dir_util.checkpoint_values(train_dir)
+    self.assertEqual(values["spike_stats/applied"], 4)  # Warming up again.
+
+  def testBadValuesAreOneLineErrors(self):
+    for overrides, message in (
+        (dict(skip_spikes_sigma=-1.0), "--skip_spikes_sigma=-1.0"),
+        (dict(skip_spikes_sigma=float("inf")), "--skip_spikes_sigma=inf"),
+        (dict(spike_warmup_steps=0), "--spike_warmup_steps=0"),
+        (dict(spike_max_streak=2.5), "--spike_max_streak=2.5"),
+        (dict(skip_loss_spikes=True), "needs --skip_spikes_sigma"),
+        (dict(skip_spikes_sigma=6.0, spike_max_streak=50),
+         "--spike_max_streak=50: must be below --max_consecutive_skips=50"),
+        (dict(skip_loss_spikes=True, skip_spikes_sigma=6.0,
+              sync_replicas=True), "not supported with --sync_replicas")):
+      with self.assertRaisesRegex(params_lib.ParamsError, message) as error:
+        _params("/tmp/unused", **overrides)
+      self.assertNotIn("\n", str(error.exception))
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,295 @@
+"""Spike skips: a finite step far above its recent history is skipped too.
+
+A `SpikeDetector` keeps running statistics of log(global gradient norm) (and,
+if asked, of log(loss)) over applied steps; after a warm-up, a step whose
+value exceeds the running mean by more than `sigma` standard deviations is
+skipped by the same `tf.cond` as a non-finite step (`guard.guarded_apply`),
+so nothing of the model moves on it either.
+
+The statistics are graph variables (checkpointed), written only in the apply
+branch and only from finite values, so neither a spike nor a NaN step ever
+touches them. A streak of `max_streak` spike skips is a regime change, not a
+spike: the detector then re-warms (forgets its history) instead of skipping
+for ever.
+"""
+
+import collections
+import math
+
+import tensorflow as tf
+
+from tf1_safe_train.core import checks
+
+tf1 = tf.compat.v1
+
+# Variables a checkpoint written without the option lacks: a resume
+# initialises them afresh (the warm-up restarts) instead of failing.
+OPTIONAL_STATE = "tf1_safe_train_optional_state"
+# The spike_skips variable, once per graph (as the skip counters).
+SPIKE_SKIPS_COLLECTION = "tf1_safe_train_spike_skips"
+
+ReasonCounters = collections.namedtuple("ReasonCounters",
+                                        ["nonfinite_skips", "spike_skips"])
+ReasonCounters.__doc__ = """Skipped steps by reason (int64 tensors).
+
+Their sum is `skipped_steps`. Only `spike_skips` is a variable (created
+with the option), so the non-finite count stays right in a run resumed
+from a checkpoint written before the option was on.
+"""
+
+SpikeReport = collections.namedtuple("SpikeReport", [
+    "spike", "rewarm", "grad_norm", "grad_threshold", "loss",
+    "loss_threshold", "reasons", "rewarms"])
+SpikeReport.__doc__ = """One step's spike decision, for reports and summaries.
+
+Attributes:
+  spike: bool scalar, True if the step is a spike (it is then skipped; a
+    non-finite step is never called a spike).
+  rewarm: bool scalar, True if this spike ended a streak of `max_streak`:
+    the detector re-warms.
+  grad_norm, grad_threshold: float32 scalars, the step's global gradient
+    norm and the largest norm not called a spike (+inf during warm-up).
+  loss, loss_threshold: the same for the loss, or None when not watched.
+  reasons: `ReasonCounters` read after the step.
+  rewarms: int64 scalar, re-warms so far, read after the step.
+"""
+
+
+def _state_variable(name, value):
+  return tf1.Variable(value, name=name, trainable=False, collections=[
+      tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
+
+
+def spike_skips_variable(graph=None):
+  """The graph's int64 `spike_skips` variable, created on first use."""
+  graph = graph or tf1.get_default_graph()
+  existing = graph.get_collection(SPIKE_SKIPS_COLLECTION)
+  if existing:
+    return existing[0]
+  with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
+    variable = _state_variable("spike_skips", tf.constant(0, tf.int64))
+  graph.add_to_collection(SPIKE_SKIPS_COLLECTION, variable)
+  return variable
+
+
+def read_reasons(skipped_steps, op):
+  """`ReasonCounters` read after `op`; `skipped_steps` is the variable."""
+  with tf1.name_scope("read_skip_reasons"), tf1.control_dependencies([op]):
+    spike = tf.identity(spike_skips_variable().read_value())
+    return ReasonCounters(skipped_steps.read_value() - spike, spike)
+
+
+class SpikeConfig(collections.namedtuple(
+    "SpikeConfig", "sigma warmup_steps max_streak loss decay")):
+  """What a step calls a spike.
+
+  Attributes:
+    sigma: K: a value above mean + K standard deviations of its log is a
+      spike (> 0).
+    warmup_steps: applied steps of history before anything is a spike.
+    max_streak: this many spike skips in a row re-warm the detector.
+    loss: also watch the loss (needs the step's loss; its log is taken, so
+      a loss <= 0 is never a spike and never enters the statistics).
+    decay: the statistics' moving-average decay once warm (the first
+      1 / (1 - decay) values are averaged evenly).
+  """
+  __slots__ = ()
+
+  def __new__(cls, sigma, warmup_steps=100, max_streak=10, loss=False,
+              decay=0.99):
+    return super(SpikeConfig, cls).__new__(cls, sigma, warmup_steps,
+                                           max_streak, loss, decay)
+
+  @classmethod
+  def of(cls, value):
+    """`value` (a `SpikeConfig` or a number, the sigma), validated."""
+    config = value if isinstance(value, SpikeConfig) else cls(value)
+    return config.validate()
+
+  def validate(self):
+    """Returns self; raises ValueError naming the first bad field."""
+    if not (checks.is_number(self.sigma) and math.isfinite(self.sigma) and
+            self.sigma > 0):
+      raise ValueError("skip_spikes: sigma=%r must be a finite number > 0" %
+                       (self.sigma,))
+    for name in ("warmup_steps", "max_streak"):
+      value = getattr(self, name)
+      if not (checks.is_int(value) and value >= 1):
+        raise ValueError("skip_spikes: %s=%r must be an integer >= 1" %
+                         (name, value))
+    if not isinstance(self.loss, bool):
+      raise ValueError("skip_spikes: loss=%r must be a boolean" % (self.loss,))
+    if not (checks.is_number(self.decay) and 0 < self.decay < 1):
+      raise ValueError("skip_spikes: decay=%r must be in (0, 1)" %
+                       (self.decay,))
+    return self
+
+
+class _LogStats(object):
+  """Running mean and variance of a log value (two float32 variables)."""
+
+  def __init__(self, name):
+    self.mean = _state_variable(name + "_log_mean", tf.constant(0.0))
+    self.var = _state_variable(name + "_log_var", tf.constant(0.0))
+
+  def threshold(self, sigma, warm):
+    """The largest log value that is no spike (+inf until `warm`)."""
+    limit = self.mean.read_value() + sigma * tf.sqrt(self.var.read_value())
+    return tf.where(warm, limit, tf.constant(math.inf))
+
+  def update(self, x, rate):
+    """Ops folding `x` in with weight `rate`; a non-finite `x` is ignored."""
+    mean, var = self.mean.read_value(), self.var.read_value()
+    delta = x - mean
+    finite = tf.math.is_finite(x)
+    # Exponentially weighted variance (West, 1979); rate 1 restarts at x.
+    new_mean = tf.where(finite, mean + rate * delta, mean)
+    new_var = tf.where(finite, (1.0 - rate) * (var + rate * delta * delta),
+                       var)
+    return [tf1.assign(self.mean, new_mean), tf1.assign(self.var, new_var)]
+
+
+class SpikeDetector(object):
+  """The spike half of a step's decision (`guard.guarded_apply(spikes=)`).
+
+  `decide` builds the spike flag before the `tf.cond`; `on_apply` and
+  `on_skip` build the statistics' and counters' updates inside its branches.
+  """
+
+  def __init__(self, config):
+    """Creates the state variables (under `init_scope`, at the root name
+    scope, on the current device: a parameter server under a
+    `replica_device_setter`)."""
+    self.config = SpikeConfig.of(config)
+    with tf1.init_scope(), tf1.get_default_graph().name_scope(None):
+      with tf1.name_scope("spike_stats"):
+        self._count = _state_variable("applied", tf.constant(0, tf.int64))
+        self._streak = _state_variable("streak", tf.constant(0, tf.int64))
+        self._rewarms = _state_variable("rewarms", tf.constant(0, tf.int64))
+        self._grad = _LogStats("grad_norm")
+        self._loss = _LogStats("loss") if self.config.loss else None
+    self._spike_skips = spike_skips_variable()
+
+  @property
+  def variables(self):
+    stats = [self._grad] + ([self._loss] if self._loss else [])
+    return ([self._count, self._streak, self._rewarms, self._spike_skips] +
+            [v for s in stats for v in (s.mean, s.var)])
+
+  def decide(self, grads_and_vars, nonfinite, loss=None):
+    """Builds the step's spike flag (before the decision).
+
+    Args:
+      grads_and_vars: the checked (gradient, variable) pairs; the norm is
+        over the trainable variables' gradients (not statistics deltas).
+      nonfinite: bool scalar, the step's non-finite verdict: such a step is
+        skipped for that reason, never called a spike.
+      loss: float scalar, the step's loss; needed when the loss is watched.
+
+    Returns:
+      A bool scalar tensor, True to skip the step as a spike.
+
+    Raises:
+      ValueError: if the loss is watched and `loss` is None.
+    """
+    config = self.config
+    if config.loss and loss is None:
+      raise ValueError("skip_spikes with loss=True needs the step's loss "
+                       "(none was given to compute_gradients or "
+                       "apply_gradients(loss=))")
+    grads = [g for g, v in grads_and_vars
+             if g is not None and getattr(v, "trainable", True)]
+    with tf1.name_scope("spikes"):
+      # float32 whatever the gradients' dtype; an overflow to +inf is a
+      # spike too (its log exceeds any threshold once warm).
+      norm = tf.linalg.global_norm(
+          [tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,
+                   tf.float32) for g in grads])
+      self._x = {"grad": tf.math.log(norm)}
+      warm = self._count.read_value() >= config.warmup_steps
+      limit = self._grad.threshold(config.sigma, warm)
+      spike = self._x["grad"] > limit
+      report = {"grad_norm": norm, "grad_threshold": tf.exp(limit)}
+      if self._loss is not None:
+        loss = tf.cast(loss, tf.float32)
+        self._x["loss"] = tf.math.log(loss)
+        loss_limit = self._loss.threshold(config.sigma, warm)
+        spike = tf.logical_or(spike, self._x["loss"] > loss_limit)
+        report.update(loss=loss, loss_threshold=tf.exp(loss_limit))
+      spike = tf.logical_and(spike, tf.logical_not(nonfinite), name="spike")
+      self._nonfinite = nonfinite
+      self._spike = spike
+      self._rewarm = tf.logical_and(
+          spike, self._streak.read_value() + 1 >= config.max_streak,
+          name="rewarm")
+    self._report = report
+    return spike
+
+  def on_apply(self):
+    """Op for the apply branch: fold the step's finite values in."""
+    count = self._count.read_value() + 1
+    rate = tf.maximum(1.0 / tf.cast(count, tf.float32),
+                      1.0 - self.config.decay)
+    ops = self._grad.update(self._x["grad"], rate)
+    if self._loss is not None:
+      ops += self._loss.update(self._x["loss"], rate)
+    ops += [tf1.assign(self._count, count),
+            tf1.assign(self._streak, tf.constant(0, tf.int64))]
+    return tf.group(*ops, name="spikes_on_apply")
+
+  def on_skip(self):
+    """Op for the skip branch: count the reason; re-warm after a streak."""
+    spike = tf.cast(self._spike, tf.int64)
+    rewarm = self._rewarm
+    streak = self._streak.read_value() + spike
+    zero = tf.constant(0, tf.int64)
+    return tf.group(
+        tf1.assign_add(self._spike_skips, spike),
+        tf1.assign(self._streak, tf.where(rewarm, zero, streak)),
+        # Forgetting the count restarts the statistics at the next value.
+        tf1.assign(self._count, tf.where(rewarm, zero,
+                                         self._count.read_value())),
+        tf1.assign_add(self._rewarms, tf.cast(rewarm, tf.int64)),
+        name="spikes_on_skip")
+
+  def report(self, op, skipped_steps):
+    """The step's `SpikeReport`, its counters read after `op`."""
+    reasons = read_reasons(skipped_steps, op)
+    with tf1.name_scope("read_spikes"), tf1.control_dependencies([op]):
+      rewarms = tf.identity(self._rewarms.read_value())
+    return SpikeReport(
+        spike=self._spike, rewarm=self._rewarm,
+        grad_norm=self._report["grad_norm"],
+        grad_threshold=self._report["grad_threshold"],
+        loss=self._report.get("loss"),
+        loss_threshold=self._report.get("loss_threshold"),
+        reasons=reasons, rewarms=rewarms)
+
+
+def describe(step, values):
+  """The line of a spike skip from a fetched `SpikeReport`'s values, or None."""
+  if not values["spike"]:
+    return None
+  parts = []
+  if values["grad_norm"] > values["grad_threshold"]:
+    parts.append("gradient norm %.4g > threshold %.4g" %
+                 (values["grad_norm"], values["grad_threshold"]))
+  if values.get("loss") is not None and (
+      values["loss"] > values["loss_threshold"]):
+    parts.append("loss %.4g > threshold %.4g" %
+                 (values["loss"], values["loss_threshold"]))
+  line = "skipped step %d: spike, %s" % (step, ", ".join(parts) or "-")
+  if values["rewarm"]:
+    line += ("; a streak of spike skips is a regime change: the spike "
+             "detector re-warms")
+  return line
+
+
+def fetches(report):
+  """The dict of `report`'s tensors that `describe` reads."""
+  out = {"spike": report.spike, "rewarm": report.rewarm,
+         "grad_norm": report.grad_norm,
+         "grad_threshold": report.grad_threshold}
+  if report.loss is not None:
+    out.update(loss=report.loss, loss_threshold=report.loss_threshold)
+  return out
