@@ -2,7 +2,8 @@
 
 The guard decides with fused checks (`nonfinite.any_nonfinite`: a few
 kernels however many gradients) and computes the report's per-tensor flags
-in its skip branch only; the flags still name every bad variable.
+in its skip branch only; the wrapper's report adds one fused check per
+tower. The reports still name every bad variable and tower.
 """
 
 from unittest import mock
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import nonfinite
+from tf1_safe_train.core import optimizer as optimizer_lib
 
 tf1 = tf.compat.v1
 
@@ -85,6 +87,39 @@ class GoodStepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual([True], list(update_flags))
         # Checked before the skip branch restored it.
         self.assertAllEqual(before, sess.run(moving))
+
+
+class WrapperReportTest(tf.test.TestCase):
+
+  def testReportWithTowersRunsOneFusedCheckPerTowerOnAGoodStep(self):
+    num_towers, num_variables = 3, 8
+    with tf.Graph().as_default():
+      scale = tf1.placeholder(tf.float32, [num_towers])
+      var_list = [tf1.get_variable("w%d" % i, initializer=tf.ones([2, 2]))
+                  for i in range(num_variables)]
+      towers = [list(zip(tf.gradients(tf.add_n([tf.reduce_sum(w * scale[t])
+                                                for w in var_list]),
+                                      var_list), var_list))
+                for t in range(num_towers)]
+      average = [(tf.add_n([tower[j][0] for tower in towers]) / num_towers,
+                  v) for j, v in enumerate(var_list)]
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      train_op = opt.apply_gradients(average, tower_grads_and_vars=towers)
+      report = opt.report_fetches(train_op)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run([train_op, report], {scale: [1.0] * num_towers})
+        (_, values), metadata = _traced_run(sess, [train_op, report],
+                                            {scale: [1.0] * num_towers})
+        self.assertIsNone(opt.describe_skip(values))
+        # The decision's fused check and one per tower.
+        self.assertLessEqual(_executed(metadata, "IsFinite"), num_towers + 1)
+        _, values = sess.run([train_op, report], {scale: [1.0, _NAN, 1.0]})
+    self.assertEqual(
+        "skipped step 2: non-finite gradients in tower 1; variables: "
+        "w0, w1, w2, w3, w4, ... (+3 more, 8 in all)",
+        opt.describe_skip(values))
 
 
 class FusedCheckTest(tf.test.TestCase):
