@@ -140,11 +140,11 @@ def guarded_apply(grads_and_vars,
       with tf1.control_dependencies(updates):
         any_bad = tf.logical_or(
             any_bad, nonfinite.any_written_nonfinite(checked_writes))
-    # Built outside the block above, `any_bad` gets the control inputs here
-    # (TF leaves them off an op whose inputs were built under them), on an
-    # Identity: Grappler removes the LogicalNot of the fused check's
-    # LogicalNot as an involution and drops its control inputs with it
-    # (TF 2.21), whereas it forwards an Identity's.
+    # The predicate waits for the update ops (even without a checked write)
+    # through an Identity's control inputs, which Grappler forwards when it
+    # removes the Identity. Not a LogicalNot's: that of the fused check's
+    # LogicalNot is removed as an involution, control inputs and all
+    # (TF 2.21; tests/protect_test.py testExplicitUpdateOpsWin).
     all_finite = tf.logical_not(any_bad)
     with tf1.control_dependencies(updates):
       all_finite = tf.identity(all_finite, name="all_finite")
