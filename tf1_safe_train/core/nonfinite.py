@@ -184,13 +184,35 @@ def any_written_nonfinite(variables):
 
 def _any_nonfinite(values):
   with tf1.name_scope("any_nonfinite"):
+    constants = _Constants(values[0].graph)
     finite = []
-    for batch in _batches(values):
-      with values[0].graph.colocate_with(batch[0].op):
-        checked = batch[0] if len(batch) == 1 else tf.concat(batch, axis=0)
-        finite.append(tf.reduce_all(tf.math.is_finite(checked)))
+    for batch in _batches(values, constants):
+      first = batch[0]
+      with first.graph.colocate_with(first.op):
+        checked = (first if len(batch) == 1 else
+                   tf.concat(batch, axis=constants.get(first, 0)))
+        rank = checked.shape.rank
+        axes = (None if rank is None else
+                constants.get(first, list(range(rank))))
+        finite.append(tf.reduce_all(tf.math.is_finite(checked), axis=axes))
     return tf.logical_not(finite[0] if len(finite) == 1
                           else tf.reduce_all(tf.stack(finite)))
+
+
+class _Constants(object):
+  """The axes and shapes the checks of one device share (one node each)."""
+
+  def __init__(self, graph):
+    self._graph = graph
+    self._built = {}
+
+  def get(self, near, value):
+    """An int32 constant `value` built with the first tensor `near` asks."""
+    key = (near.device, repr(value))
+    if key not in self._built:
+      with self._graph.colocate_with(near.op):
+        self._built[key] = tf.constant(value, tf.int32)
+    return self._built[key]
 
 
 # Tensors up to this many elements are checked concatenated: below it a
@@ -199,8 +221,14 @@ def _any_nonfinite(values):
 # more, and it bounds the memory a fused check holds.
 MAX_FUSED_ELEMENTS = 1 << 20
 
+# A group of same-shaped tensors (but the first dimension) gets a check of
+# its own (a concatenation, `is_finite`, a reduction: 3 nodes) from this
+# many tensors on; fewer are flattened into their device's 1-D check (a
+# `Reshape` each).
+_MIN_GROUP = 4
 
-def _batches(values):
+
+def _batches(values, constants):
   """`values` in lists, each checked by one pass (see any_nonfinite)."""
   alone, groups = [], collections.OrderedDict()
   for v in values:
@@ -212,13 +240,13 @@ def _batches(values):
     groups.setdefault((v.device, v.dtype.base_dtype, trailing), []).append(v)
   joined, flat = [], collections.OrderedDict()
   for (device, dtype, trailing), vs in groups.items():
-    if trailing is not None and len(vs) > 1:
+    if trailing and len(vs) >= _MIN_GROUP:
       joined.append(vs)
     else:
       flat.setdefault((device, dtype), []).extend(vs)
   for vs in flat.values():
     if len(vs) > 1:
-      vs = [v if v.shape.rank == 1 else _flattened(v) for v in vs]
+      vs = [v if v.shape.rank == 1 else _flattened(v, constants) for v in vs]
     joined.append(vs)
   batches = []
   for vs in joined:
@@ -233,6 +261,6 @@ def _batches(values):
   return batches + alone
 
 
-def _flattened(value):
+def _flattened(value, constants):
   with value.graph.colocate_with(value.op):
-    return tf.reshape(value, [-1])
+    return tf.reshape(value, constants.get(value, [-1]))
