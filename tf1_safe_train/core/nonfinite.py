@@ -156,9 +156,10 @@ def any_nonfinite(grads):
   One fused check for many tensors (a step's or a tower's gradients), whose
   ops do not grow per tensor the way one `is_nonfinite` chain each does:
   on each device, tensors of one dtype and the same shape but the first
-  dimension are concatenated along it and checked by one exact `is_finite`
-  pass per such group; the others are flattened (a `Reshape`, no kernel
-  launch on a GPU) into one more group. The concatenation copies bytes to
+  dimension (from `_MIN_GROUP` of them) are concatenated along it and
+  checked by one exact `is_finite` pass per such group; the others are
+  flattened (a `Reshape`, no kernel launch on a GPU) into one 1-D pass per
+  device and dtype. The concatenation copies bytes to
   save kernel launches, a trade that pays for small tensors only: a tensor
   of more than `MAX_FUSED_ELEMENTS` elements, or of unknown size (e.g. an
   `IndexedSlices`' values), gets its own check, and a group is split so
