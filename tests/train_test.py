@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import train_dir_util
 from tf1_safe_train.cluster import replication
+from tf1_safe_train.core import cond_walk
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import towers
@@ -36,18 +37,26 @@ class TrainTest(tf.test.TestCase):
   def _train_dir(self, name):
     return os.path.join(self.get_temp_dir(), name)
 
-  def testOneTowerChecksEachGradientOnce(self):
-    # With one tower, the tower's flags and the decision's flags are of the
-    # same tensors: one finiteness check per gradient, not two, and one per
-    # batch-norm statistic written before the decision.
+  def testOneTowerDecidesWithFusedChecksAndReportsFromTheSkipBranch(self):
+    # A good step checks the gradients and the batch-norm statistics written
+    # before the decision with a few fused checks (one per group of shapes);
+    # the report's one check per gradient and statistic is built in the
+    # decision's skip branch only.
     params = _params(self._train_dir("graph"), num_towers=1, model="resnet20")
     with tf.Graph().as_default() as graph:
       step = train_step.build_step(params, replication.Local(params))
-      checks = [op for op in graph.get_operations() if op.type == "IsFinite"]
+      fused = [op for op in graph.get_operations() if op.type == "IsFinite"]
       statistics = [n for n in step.report.variable_names if "moving_" in n]
       self.assertLen(statistics, 38)  # 19 batch norms, mean and variance.
-      self.assertLen(checks, len(tf1.trainable_variables()) + len(statistics))
-      self.assertLen(step.report.variable_names, len(checks))
+      variables = len(tf1.trainable_variables()) + len(statistics)
+      self.assertLen(step.report.variable_names, variables)
+      self.assertLess(len(fused), 10)
+      decisions = [op for op in graph.get_operations() if op.type == "If"]
+      self.assertLen(decisions, 1)
+      apply_branch, skip_branch = cond_walk.branch_graphs(decisions[0])
+      for branch, checks in ((apply_branch, 0), (skip_branch, variables)):
+        self.assertLen([op for op in branch.get_operations()
+                        if op.type == "IsFinite"], checks)
 
   def testLearningRateScheduleFollowsAppliedStepsByDefault(self):
     # Step 1 is skipped. Summaries are logged under the global_step after

@@ -28,13 +28,16 @@ Attributes:
     global_step).
   applied: bool scalar tensor, True if this step's update was applied.
   nonfinite_flags: bool vector tensor, one flag per checked gradient (True =
-    the gradient held a NaN or an Inf), aligned with `variable_names`.
+    the gradient held a NaN or an Inf), aligned with `variable_names`. An
+    output of the decision, like `applied` (fetch it with the train op):
+    computed on a skipped step only, all False on an applied one.
   variable_names: Python list of the checked variables' names.
   counters: `SkipCounters` of int64 tensors read after the step.
   update_flags: bool vector tensor, one flag per floating-point variable
     written by the update ops (e.g. a batch-norm moving statistic), True if
     its value after them holds a NaN or an Inf; aligned with
-    `update_variable_names`.
+    `update_variable_names`. An output of the decision, like
+    `nonfinite_flags`.
   update_variable_names: Python list of those variables' names.
   spikes: the step's `spikes.SpikeReport`, or None without spike skips.
 """
@@ -42,6 +45,29 @@ Attributes:
 
 def _increment(variable):
   return tf1.assign_add(variable, tf.constant(1, dtype=variable.dtype.base_dtype))
+
+
+def _with_flags(branch_fn, grads, written):
+  """`branch_fn` returning also the report's per-tensor flags.
+
+  With `grads` and `written` (lists: gradients, variables written by update
+  ops), for the skip branch: each is checked, the variables before
+  `branch_fn` restores them. With their numbers, for the apply branch: all
+  False, which the decision proved. The skip branch reads only what the
+  apply branch captures already (gradients, variables' handles), so a v2
+  cond's lowering adds no `Switch` for its checks: good steps run none.
+  """
+  def branch():
+    if isinstance(grads, int):
+      return branch_fn(), tf.zeros([grads], tf.bool), tf.zeros([written],
+                                                                tf.bool)
+    flags = nonfinite.nonfinite_flags(grads)
+    update_flags = (tf.stack([nonfinite.written_is_nonfinite(v)
+                              for v in written])
+                    if written else tf.zeros([0], tf.bool))
+    with tf1.control_dependencies([flags, update_flags]):
+      return branch_fn(), flags, update_flags
+  return branch
 
 
 def guarded_apply(grads_and_vars,
@@ -107,8 +133,10 @@ def guarded_apply(grads_and_vars,
     grads_and_vars = tuple((nonfinite.sum_duplicates(g), v)
                            for g, v in grads_and_vars)
     checked = [(g, v) for g, v in grads_and_vars if g is not None]
-    flags = nonfinite.nonfinite_flags([g for g, _ in checked])
-    any_bad = tf.reduce_any(flags)
+    # Good steps pay for the decision only: fused checks (few kernels
+    # however many tensors); the report's per-tensor flags are computed by
+    # the skip branch (see _with_flags).
+    any_bad = nonfinite.any_nonfinite([g for g, _ in checked])
     for extra in extra_nonfinite:
       any_bad = tf.logical_or(any_bad, extra)
     # The decision checks the values the forward-pass updates wrote, and
@@ -119,18 +147,19 @@ def guarded_apply(grads_and_vars,
     updates = [rollback.as_op(u) for u in update_ops]
     if checked_writes:
       with tf1.control_dependencies(updates):
-        update_flags = tf.stack([nonfinite.written_is_nonfinite(v)
-                                 for v in checked_writes])
-      any_bad = tf.logical_or(any_bad, tf.reduce_any(update_flags))
-    else:
-      update_flags = tf.zeros([0], tf.bool)
-    # Built outside the block above, `any_bad` gets the control inputs here
-    # (TF leaves them off an op whose inputs were built under them).
+        any_bad = tf.logical_or(
+            any_bad, nonfinite.any_written_nonfinite(checked_writes))
     skip = any_bad
     if spikes is not None:
       skip = tf.logical_or(any_bad, spikes.decide(checked, any_bad, loss))
+    # The predicate waits for the update ops (even without a checked write)
+    # through an Identity's control inputs, which Grappler forwards when it
+    # removes the Identity. Not a LogicalNot's: that of the fused check's
+    # LogicalNot is removed as an involution, control inputs and all
+    # (TF 2.21; tests/protect_test.py testExplicitUpdateOpsWin).
+    all_finite = tf.logical_not(skip)
     with tf1.control_dependencies(updates):
-      all_finite = tf.logical_not(skip, name="all_finite")
+      all_finite = tf.identity(all_finite, name="all_finite")
 
     def _on_skip():
       if spikes is None or not branch_ops:
@@ -168,7 +197,11 @@ def guarded_apply(grads_and_vars,
                ([global_step] if global_step is not None else []) +
                (spikes.variables if spikes is not None else []))
     with rollback.control_flow_for(touched):
-      applied = tf.cond(all_finite, _apply_branch, _skip_branch, name="decide")
+      applied, flags, update_flags = tf.cond(
+          all_finite,
+          _with_flags(_apply_branch, len(checked), len(checked_writes)),
+          _with_flags(_skip_branch, [g for g, _ in checked], checked_writes),
+          name="decide")
     writes.register_decision(applied)
     step_ops = [applied]
     if global_step is not None and increment_global_step_on_skip:

@@ -7,6 +7,7 @@ these checks.
 """
 
 import collections
+import contextlib
 
 import tensorflow as tf
 
@@ -50,11 +51,7 @@ def is_nonfinite(grad):
   """
   values = _values(grad)
   graph = values.graph
-  # pylint: disable=protected-access
-  in_control_flow = graph._get_control_flow_context() is not None
-  # pylint: enable=protected-access
-  if (graph is not tf1.get_default_graph() or graph.building_function or
-      in_control_flow):
+  if not _outside_control_flow(graph):
     # Inside a cond, a loop or a function a flag belongs to that context.
     return _check(values)
   checks = getattr(graph, _CHECKS_ATTRIBUTE, None)
@@ -67,6 +64,28 @@ def is_nonfinite(grad):
       flag = _check(values)
     checks[values.ref()] = flag
   return flag
+
+
+def _outside_control_flow(graph):
+  # pylint: disable=protected-access
+  in_control_flow = graph._get_control_flow_context() is not None
+  # pylint: enable=protected-access
+  return (graph is tf1.get_default_graph() and not graph.building_function
+          and not in_control_flow)
+
+
+@contextlib.contextmanager
+def _free_of_control_dependencies(graph):
+  """Builds a check that waits for nothing but its input.
+
+  Only outside control flow: `control_dependencies(None)` would also leave
+  a v1 cond's or loop's context.
+  """
+  if _outside_control_flow(graph):
+    with tf1.control_dependencies(None):
+      yield
+  else:
+    yield
 
 
 # Flags already built in a graph, by checked tensor. An attribute of the graph
@@ -82,9 +101,13 @@ def written_is_nonfinite(variable):
   of a ref variable (`read_value()`) into the variable's cached snapshot,
   which can run before the updates the caller's control dependencies name.
   """
+  return _check(_written_value(variable))
+
+
+def _written_value(variable):
   if rollback.is_ref_variable(variable):
-    return _check(variable._ref())  # pylint: disable=protected-access
-  return _check(variable.read_value())
+    return variable._ref()  # pylint: disable=protected-access
+  return variable.read_value()
 
 
 def sum_duplicates(grad):
@@ -130,36 +153,115 @@ def nonfinite_flags(grads):
 def any_nonfinite(grads):
   """Returns a bool scalar: True if any of `grads` holds a NaN or an Inf.
 
-  One fused check for many tensors (a tower's gradients), whose ops do not
-  grow per tensor the way one `is_nonfinite` chain each does: tensors of one
-  dtype and the same shape but the first dimension are concatenated along it
-  and checked by one exact `is_finite` pass per such group; the others are
-  flattened (a `Reshape`, no kernel launch on a GPU) into one more group. It
-  says whether, not which: per-tensor flags are the decision's.
-  `IndexedSlices` are checked through their values, `None` entries ignored.
+  One fused check for many tensors (a step's or a tower's gradients), whose
+  ops do not grow per tensor the way one `is_nonfinite` chain each does:
+  on each device, tensors of one dtype and the same shape but the first
+  dimension (from `_MIN_GROUP` of them) are concatenated along it and
+  checked by one exact `is_finite` pass per such group; the others are
+  flattened (a `Reshape`, no kernel launch on a GPU) into one 1-D pass per
+  device and dtype. The concatenation copies bytes to
+  save kernel launches, a trade that pays for small tensors only: a tensor
+  of more than `MAX_FUSED_ELEMENTS` elements, or of unknown size (e.g. an
+  `IndexedSlices`' values), gets its own check, and a group is split so
+  that no copy exceeds that size. It says whether, not which (see
+  `nonfinite_flags`). `IndexedSlices` are checked through their values,
+  `None` entries ignored. Built like `is_nonfinite`, free of the caller's
+  control dependencies (outside control flow).
   """
-  values = [g.values if isinstance(g, tf.IndexedSlices) else g
-            for g in grads if g is not None]
+  values = [_values(g) for g in grads if g is not None]
   if not values:
     return tf.constant(False)
+  with _free_of_control_dependencies(values[0].graph):
+    return _any_nonfinite(values)
+
+
+def any_written_nonfinite(variables):
+  """Like `any_nonfinite`, of `variables`' values read under the caller's
+  control dependencies (as `written_is_nonfinite`); False if none."""
+  if not variables:
+    return tf.constant(False)
+  return _any_nonfinite([_written_value(v) for v in variables])
+
+
+def _any_nonfinite(values):
   with tf1.name_scope("any_nonfinite"):
-    groups = collections.OrderedDict()
-    for v in values:
-      shape = v.shape
-      key = ((v.dtype.base_dtype, tuple(shape[1:].as_list()))
-             if shape.rank and shape[1:].is_fully_defined() else None)
-      groups.setdefault(key, []).append(v)
-    checked = []
-    flat = collections.OrderedDict()
-    for key, vs in groups.items():
-      if key is not None and len(vs) > 1:
-        checked.append(tf.concat(vs, axis=0))
-      else:
-        for v in vs:
-          flat.setdefault(v.dtype.base_dtype, []).append(
-              v if v.shape.rank == 1 else tf.reshape(v, [-1]))
-    checked += [vs[0] if len(vs) == 1 else tf.concat(vs, axis=0)
-                for vs in flat.values()]
-    flags = [tf.reduce_all(tf.math.is_finite(c)) for c in checked]
-    return tf.logical_not(flags[0] if len(flags) == 1
-                          else tf.reduce_all(tf.stack(flags)))
+    constants = _Constants(values[0].graph)
+    finite = []
+    for batch in _batches(values, constants):
+      first = batch[0]
+      with first.graph.colocate_with(first.op):
+        checked = (first if len(batch) == 1 else
+                   tf.concat(batch, axis=constants.get(first, 0)))
+        rank = checked.shape.rank
+        axes = (None if rank is None else
+                constants.get(first, list(range(rank))))
+        finite.append(tf.reduce_all(tf.math.is_finite(checked), axis=axes))
+    return tf.logical_not(finite[0] if len(finite) == 1
+                          else tf.reduce_all(tf.stack(finite)))
+
+
+class _Constants(object):
+  """The axes and shapes the checks of one device share (one node each)."""
+
+  def __init__(self, graph):
+    self._graph = graph
+    self._built = {}
+
+  def get(self, near, value):
+    """An int32 constant `value` built with the first tensor `near` asks."""
+    key = (near.device, repr(value))
+    if key not in self._built:
+      with self._graph.colocate_with(near.op):
+        self._built[key] = tf.constant(value, tf.int32)
+    return self._built[key]
+
+
+# Tensors up to this many elements are checked concatenated: below it a
+# kernel launch costs more than copying the bytes (on a GPU, ~5 us against
+# 4 MiB of float32 at several hundred GB/s); above it the copy would cost
+# more, and it bounds the memory a fused check holds.
+MAX_FUSED_ELEMENTS = 1 << 20
+
+# A group of same-shaped tensors (but the first dimension) gets a check of
+# its own (a concatenation, `is_finite`, a reduction: 3 nodes) from this
+# many tensors on; fewer are flattened into their device's 1-D check (a
+# `Reshape` each).
+_MIN_GROUP = 4
+
+
+def _batches(values, constants):
+  """`values` in lists, each checked by one pass (see any_nonfinite)."""
+  alone, groups = [], collections.OrderedDict()
+  for v in values:
+    size = v.shape.num_elements()
+    if size is None or size > MAX_FUSED_ELEMENTS:
+      alone.append([v])
+      continue
+    trailing = tuple(v.shape[1:].as_list()) if v.shape.rank else None
+    groups.setdefault((v.device, v.dtype.base_dtype, trailing), []).append(v)
+  joined, flat = [], collections.OrderedDict()
+  for (device, dtype, trailing), vs in groups.items():
+    if trailing and len(vs) >= _MIN_GROUP:
+      joined.append(vs)
+    else:
+      flat.setdefault((device, dtype), []).extend(vs)
+  for vs in flat.values():
+    if len(vs) > 1:
+      vs = [v if v.shape.rank == 1 else _flattened(v, constants) for v in vs]
+    joined.append(vs)
+  batches = []
+  for vs in joined:
+    batch, size = [], 0
+    for v in vs:
+      if batch and size + v.shape.num_elements() > MAX_FUSED_ELEMENTS:
+        batches.append(batch)
+        batch, size = [], 0
+      batch.append(v)
+      size += v.shape.num_elements()
+    batches.append(batch)
+  return batches + alone
+
+
+def _flattened(value, constants):
+  with value.graph.colocate_with(value.op):
+    return tf.reshape(value, constants.get(value, [-1]))

@@ -64,8 +64,9 @@ class StepReport(object):
     Args:
       step: int64 scalar tensor, the step's index (global_step at its start).
       result: the step's `guard.GuardResult`.
-      tower_flags: optional bool tensor [num_towers, len(variable_names)]:
-        which tower's gradient of each checked variable was non-finite.
+      tower_flags: optional bool tensor [num_towers] (which tower had a
+        non-finite gradient) or [num_towers, len(variable_names)] (of
+        which variables: e.g. per device, `segment_flags`).
       tower_devices: the towers' device strings ("" if unknown).
     """
     self._variable_names = list(result.variable_names)
@@ -120,7 +121,11 @@ def _names(names, flags, max_names=5):
 
 
 def tower_flags(grads_and_vars, tower_grads_and_vars):
-  """Per-tower flags aligned with the checked (non-None) gradients.
+  """One fused flag per tower, over the gradients of the checked variables.
+
+  Fetched with every step, so one `nonfinite.any_nonfinite` per tower (a
+  few kernels), not a check per gradient and tower: the variables are named
+  by the decision's flags (a NaN or Inf of any tower reaches the average).
 
   Args:
     grads_and_vars: the (averaged) pairs the step checks.
@@ -128,19 +133,16 @@ def tower_flags(grads_and_vars, tower_grads_and_vars):
       over the same variables (e.g. before averaging).
 
   Returns:
-    (bool tensor [num_towers, num_checked], the towers' devices).
+    (bool tensor [num_towers], the towers' devices).
   """
-  checked = [v for g, v in grads_and_vars if g is not None]
-  rows, devices = [], []
+  checked = {id(v) for g, v in grads_and_vars if g is not None}
+  flags, devices = [], []
   for tower in tower_grads_and_vars:
     tower = list(tower)
-    by_var = {id(v): g for g, v in tower}
-    row = [nonfinite.is_nonfinite(by_var[id(v)])
-           if by_var.get(id(v)) is not None else tf.constant(False)
-           for v in checked]
-    rows.append(tf.stack(row) if row else tf.zeros([0], tf.bool))
+    flags.append(nonfinite.any_nonfinite(
+        [g for g, v in tower if id(v) in checked]))
     devices.append(device_of(tower))
-  return tf.stack(rows), devices
+  return tf.stack(flags), devices
 
 
 def segment_flags(flags, sizes):

@@ -36,20 +36,23 @@ def skip_record(values, variable_names, update_names, tower_devices,
     worker: the worker's task index.
   """
   flags = np.asarray(values["flags"], bool)
+  bad_names = [n for n, bad in zip(variable_names, flags) if bad]
   if "towers" in values:
-    rows = np.asarray(values["towers"], bool).reshape(len(tower_devices), -1)
+    # One fused flag per tower; the averaged gradients' flags name the
+    # variables (a NaN/Inf of any tower survives averaging).
+    tower_bad = np.asarray(values["towers"], bool).reshape(
+        len(tower_devices), -1).any(axis=1)
   else:
-    rows, tower_devices = flags[np.newaxis], [device]
-  towers = [{"index": i, "device": tower_devices[i],
-             "nonfinite": bool(row.any()),
-             "variables": [n for n, bad in zip(variable_names, row) if bad]}
-            for i, row in enumerate(rows)]
+    tower_bad, tower_devices = [flags.any()], [device]
+  towers = [{"index": i, "device": tower_devices[i], "nonfinite": bool(bad),
+             "variables": bad_names if bad else []}
+            for i, bad in enumerate(tower_bad)]
   update_flags = np.asarray(values["update_flags"], bool)
   return {"step": int(values["step"]), "worker": worker, "time": time.time(),
           "reason": "nonfinite" if flags.any() or update_flags.any()
                     else "other",
           "towers": towers,
-          "variables": [n for n, bad in zip(variable_names, flags) if bad],
+          "variables": bad_names,
           "update_variables": [n for n, bad in zip(update_names, update_flags)
                                if bad]}
 
