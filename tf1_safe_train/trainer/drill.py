@@ -66,11 +66,28 @@ class TowerDrill(object):
     self._target = target
     self._active = active
     self._value = value
+    self._value_row = None
+    if target in ("loss", "grads"):
+      # A replay feeds the value inactive as a row: probes check inputs by
+      # row (see `in_step_faults`).
+      self._value_row = tf.reshape(value, [1], name="fault_value")
+      self._value = self._value_row[0]
 
   def input(self, images):
     if self._target != "input":
       return images
     return injection.poison(images, self._active, self._value)
+
+  def in_step_faults(self):
+    """Feeds that turn off this tower's in-step faults for a replay.
+
+    The loss and gradient drills model a fault inside the step (a flaky
+    device): a replay feeds them inactive. The input drill models data: the
+    stored batch holds its poison, and the replay feeds that batch.
+    """
+    if self._value_row is None:
+      return {}
+    return {self._active: False, self._value_row: [0.0]}
 
   def loss(self, loss):
     if self._target != "loss":
