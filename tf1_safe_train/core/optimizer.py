@@ -17,6 +17,7 @@ from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import per_device
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import step_report
+from tf1_safe_train.core import wrapper_replay
 from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
@@ -27,7 +28,7 @@ tf1 = tf.compat.v1
 GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
-class SkipNonFiniteOptimizer(step_report.Reporting, tf1.train.Optimizer):
+class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 
   What is protected on a skipped step: every variable the wrapped optimizer
@@ -218,6 +219,7 @@ class SkipNonFiniteOptimizer(step_report.Reporting, tf1.train.Optimizer):
           "in one session.run (one per device), use "
           "apply_gradients_per_device.", self._name)
     losses, self._losses = self._losses, []
+    self._note_replay_outputs(losses, grads_and_vars)
     update_ops = self._update_ops
     if update_ops is None:
       # (Not in a name scope of its own, which would rename the decision's

@@ -1,0 +1,89 @@
+"""Walking a graph back from some tensors: ancestors, topological order.
+
+The replay probe (`replay.Probe`) checks every op between a step's inputs
+and its outputs; these functions find those ops, order them so that an
+op's producers come first, and count what hides in function bodies.
+"""
+
+import collections
+
+import tensorflow as tf
+
+
+def ancestors(outputs, stop_names, control):
+  """Ops `outputs` depend on, not going past tensors named in `stop_names`."""
+  seen = set()
+  stack = [t.op for t in outputs]
+  while stack:
+    op = stack.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    stack.extend(t.op for t in op.inputs if t.name not in stop_names)
+    if control:
+      stack.extend(op.control_inputs)
+  return seen
+
+
+def placeholders(outputs):
+  """The placeholders `outputs` are computed from (IndexedSlices, None ok)."""
+  outputs = [t.values if isinstance(t, tf.IndexedSlices) else t
+             for t in tf.nest.flatten(outputs) if t is not None]
+  return sorted((op.outputs[0] for op in ancestors(outputs, (), True)
+                 if op.type == "Placeholder"), key=lambda t: t.name)
+
+
+def topological(ops):
+  """`ops` in topological order of their data edges, creation order first."""
+  ops = sorted(ops, key=lambda op: op._id)  # pylint: disable=protected-access
+  members = set(ops)
+  consumers = collections.defaultdict(list)
+  waiting = {}
+  for op in ops:
+    producers = {t.op for t in op.inputs if t.op in members}
+    waiting[op] = len(producers)
+    for producer in producers:
+      consumers[producer].append(op)
+  ready = [op for op in ops if not waiting[op]]
+  order = []
+  # A v1 loop's back edge (NextIteration) makes a cycle: what is left when
+  # nothing is ready goes last, in creation order.
+  while ready:
+    ready.sort(key=lambda op: op._id, reverse=True)  # pylint: disable=protected-access
+    op = ready.pop()
+    order.append(op)
+    for consumer in consumers[op]:
+      waiting[consumer] -= 1
+      if not waiting[consumer]:
+        ready.append(consumer)
+  placed = set(order)
+  return order + [op for op in ops if op not in placed]
+
+
+def _function_names(op):
+  names = []
+  for value in op.node_def.attr.values():
+    if value.HasField("func"):
+      names.append(value.func.name)
+    names.extend(f.name for f in value.list.func)
+  return names
+
+
+def function_body_size(graph, op, seen):
+  """Ops inside the functions `op` calls (v2 cond and loop bodies, calls)."""
+  size = 0
+  for name in _function_names(op):
+    if name in seen:
+      continue
+    seen.add(name)
+    function = graph._get_function(name)  # pylint: disable=protected-access
+    if function is None:
+      continue
+    for node in function.definition.node_def:
+      size += 1
+      for value in node.attr.values():
+        if value.HasField("func") and value.func.name not in seen:
+          seen.add(value.func.name)
+          nested = graph._get_function(value.func.name)  # pylint: disable=protected-access
+          size += len(nested.definition.node_def) if nested else 0
+  return size

@@ -1,0 +1,210 @@
+"""The wrapper's forensics: replay a feed dict; one skips.jsonl record per skip.
+
+A plain `session.run` loop holds a skipped step's batch in NumPy, and the
+skip left the weights as that step saw them: `opt.replay(session,
+feed_dict)` replays the batch through the loss and gradients the wrapper saw
+and names the first non-finite op (`replay.Probe`). `opt.report_hook(
+skip_log_path=...)` appends the trainer's `skip_log` record for every
+skipped step, with that replay when asked (`replay=True`).
+"""
+
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train.core import op_walk
+from tf1_safe_train.core import replay as replay_lib
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.core import step_report
+
+tf1 = tf.compat.v1
+
+
+def skip_record(values, variable_names, update_names, tower_devices,
+                device, worker):
+  """The `skip_log` record of a skipped step from its fetched report values.
+
+  Args:
+    values: the fetched `StepReport.fetches` of the skipped run.
+    variable_names: the checked variables, aligned with the flags.
+    update_names: the variables written by update ops, aligned with
+      "update_flags".
+    tower_devices: the towers' devices when the report knows towers.
+    device: the device of the gradients, for a report without towers.
+    worker: the worker's task index.
+  """
+  flags = np.asarray(values["flags"], bool)
+  if "towers" in values:
+    rows = np.asarray(values["towers"], bool).reshape(len(tower_devices), -1)
+  else:
+    rows, tower_devices = flags[np.newaxis], [device]
+  towers = [{"index": i, "device": tower_devices[i],
+             "nonfinite": bool(row.any()),
+             "variables": [n for n, bad in zip(variable_names, row) if bad]}
+            for i, row in enumerate(rows)]
+  update_flags = np.asarray(values["update_flags"], bool)
+  return {"step": int(values["step"]), "worker": worker, "time": time.time(),
+          "reason": "nonfinite" if flags.any() or update_flags.any()
+                    else "other",
+          "towers": towers,
+          "variables": [n for n, bad in zip(variable_names, flags) if bad],
+          "update_variables": [n for n, bad in zip(update_names, update_flags)
+                               if bad]}
+
+
+class SkipLogHook(step_report.StepReportHook):
+  """`StepReportHook` that also appends each skip to a skips.jsonl file."""
+
+  def __init__(self, report, check_fn, log_path, worker, device, probe,
+               max_replays):
+    super(SkipLogHook, self).__init__(report, check_fn)
+    self._log_path = log_path
+    self._worker = worker
+    self._device = device
+    self._probe = probe
+    self._max_replays = max_replays
+    self.replays = 0
+
+  def after_run(self, run_context, run_values):
+    logged = len(self.reports)
+    super(SkipLogHook, self).after_run(run_context, run_values)
+    if len(self.reports) == logged:
+      return  # Not fetched, or applied.
+    report = self._report
+    record = skip_record(
+        run_values.results, report._variable_names, report._update_names,  # pylint: disable=protected-access
+        report._tower_devices, self._device, self._worker)  # pylint: disable=protected-access
+    feed_dict = run_context.original_args.feed_dict
+    if self._probe is not None and self.replays < self._max_replays:
+      if feed_dict:
+        self.replays += 1
+        finding = self._probe.run(run_context.session, feed_dict)
+        record["replay"] = replay_lib.as_record(finding)
+        logging.warning("step %d replay: %s", record["step"],
+                        record["replay"]["summary"])
+      elif not self.replays:
+        self.replays = self._max_replays  # Say it once.
+        logging.warning("replay: the skipped run had no feed_dict (an input "
+                        "pipeline); a replay needs the batch fed: not "
+                        "replayed")
+    if self._log_path is not None:
+      skip_log.append(self._log_path, record)
+
+
+class Replaying(step_report.Reporting):
+  """`SkipNonFiniteOptimizer`'s replay of a batch, and its skips.jsonl hook.
+
+  The wrapper calls `_note_replay_outputs` with each step's losses and
+  gradients.
+  """
+
+  _replay_outputs = None
+  _probes = None
+  _default_probe = None
+
+  def _note_replay_outputs(self, losses, grads_and_vars):
+    self._replay_outputs = list(losses) + [g for g, _ in grads_and_vars
+                                           if g is not None]
+    self._probes, self._default_probe = {}, None
+
+  def build_replay(self, inputs=None):
+    """Builds the replay of the last step's loss and gradients now.
+
+    Needed before the graph is finalized (`MonitoredTrainingSession`
+    finalizes it) when `replay` is called afterwards; `report_hook(
+    replay=True)` calls it.
+
+    Args:
+      inputs: the tensors a replay feeds (the walk stops there); default:
+        the placeholders the loss and gradients are computed from.
+
+    Returns:
+      The `replay.Probe`.
+
+    Raises:
+      ValueError: if `apply_gradients` (or `minimize`) has not been called.
+    """
+    self._result()
+    if inputs is None:
+      inputs = op_walk.placeholders(self._replay_outputs)
+    inputs = list(inputs)
+    key = tuple(sorted(t.name for t in inputs))
+    if key not in self._probes:
+      self._probes[key] = replay_lib.Probe(inputs, self._replay_outputs,
+                                           name=self._name + "_replay")
+    self._default_probe = self._default_probe or self._probes[key]
+    return self._probes[key]
+
+  def replay(self, session, feed_dict):
+    """Replays a batch through the last step's loss and gradients.
+
+    After a skip (`describe_skip` returned a line, `applied()` was False)
+    the weights are those the skipped step saw: the same feed dict, replayed
+    now, recomputes the step and names where its NaN or Inf first appeared:
+
+        finding = opt.replay(sess, feed_dict)
+        print(tf1_safe_train.replay.describe(finding))
+        # input holds NaN/Inf: rows [3]; first non-finite: dense/MatMul
+        # (forward)
+
+    Nothing is trained. Stochastic ops (dropout) draw again, so a replay may
+    differ from the step (see `replay`).
+
+    Args:
+      session: the `tf.compat.v1.Session` of the loop.
+      feed_dict: the skipped step's feed dict.
+
+    Returns:
+      A `replay.Finding`.
+
+    Raises:
+      ValueError: before any `apply_gradients`, if the graph is finalized
+        and `build_replay` was not called before, or if the feed dict lacks
+        a placeholder the loss needs.
+    """
+    self._result()
+    graph = self._replay_outputs[0].graph if self._replay_outputs else None
+    fed = [graph.as_graph_element(k) if isinstance(k, str) else k
+           for k in feed_dict]
+    fed = [t for t in fed if isinstance(t, tf.Tensor)]
+    probe = self._probes.get(tuple(sorted(t.name for t in fed)))
+    if probe is None:
+      if graph is not None and not graph.finalized:
+        probe = self.build_replay(fed)
+      elif self._default_probe is not None:
+        probe = self._default_probe
+      else:
+        raise ValueError(
+            "replay: the graph is finalized; call opt.build_replay() before "
+            "it is (e.g. before creating the MonitoredTrainingSession)")
+    return probe.run(session, feed_dict)
+
+  def report_hook(self, skip_log_path=None, worker=0, replay=False,
+                  max_replays=10):
+    """A `SessionRunHook` that logs the report of every skipped step.
+
+    For `MonitoredTrainingSession(hooks=[opt.report_hook()])`. It fetches
+    only on runs that run the step, and checks (`check_train_op`) each new
+    set of fetched ops before it runs. `reports` holds the lines logged.
+
+    Args:
+      skip_log_path: optional skips.jsonl path (`skip_log.path(dir,
+        worker)`): one record per skipped step, as the trainer writes
+        (step, worker, time, reason, towers with index, device, nonfinite
+        and variables).
+      worker: the worker's task index, for the records.
+      replay: also replay each skipped run's feed dict (`replay`) and add
+        the finding to its record ("replay") and the log; builds the probe
+        now. Runs without a feed dict (input pipelines) are not replayed.
+      max_replays: replay at most this many skips (a long skip streak must
+        not turn the run into a replay loop).
+    """
+    if skip_log_path is None and not replay:
+      return step_report.StepReportHook(self._built_report(),
+                                        self.check_train_op)
+    probe = self.build_replay() if replay else None
+    device = next((t.device for t in self._replay_outputs if t.device), "")
+    return SkipLogHook(self._built_report(), self.check_train_op,
+                       skip_log_path, worker, device, probe, max_replays)
