@@ -100,6 +100,24 @@ class ReplayBinaryTest(tf.test.TestCase):
                             "missing batch.npz")
 
 
+  def testTrainingOnACorruptSkipLogIsOneLine(self):
+    corrupt = os.path.join(self.root, "corrupt")
+    _train(corrupt, "--max_steps=2", "--inject_nonfinite=nan@1:0")
+    log = skip_log.path(corrupt)
+    with open(log) as f:
+      kept = f.read()
+    with open(log, "w") as f:
+      f.write("not json\n" + kept)
+    result = binaries.run("train", "--train_dir=" + corrupt, "--max_steps=3",
+                          *_TRAIN_FLAGS, timeout=300)
+    self.assertEqual(result.returncode, cli.EXIT_BAD_INPUT, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    errors = binaries.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertIn("skips.jsonl line 1", errors[0])
+    self.assertIn("--noexclude_reproducible_skips", errors[0])
+
+
 class SigkillTest(tf.test.TestCase):
 
   def testOneRecordPerSkipAcrossSigkillAndRestart(self):

@@ -143,6 +143,21 @@ class ForensicsTest(tf.test.TestCase):
     self.assertEqual(summary["forensics"]["skip_records"], 2)
     self.assertEqual(summary["forensics"]["explained_skips"], 1)
 
+  def testFp16ReplaysOnlySkipsAtTheFloorScaleWithTheScaleTheStepUsed(self):
+    train_dir = self._dir("fp16")
+    # Scale 4 -> 2 -> 1: the first two skips are expected overflows.
+    train_lib.train(_params(train_dir, num_towers=1, precision="fp16",
+                            initial_loss_scale=4.0,
+                            inject_nonfinite="nan@1-3:0"))
+    records = skip_log.read_all(train_dir)
+    self.assertEqual([r["step"] for r in records], [1, 2, 3])
+    self.assertEqual([r["loss_scale"] for r in records], [4.0, 2.0, 1.0])
+    for record, scale in zip(records[:2], ("4", "2")):
+      self.assertEqual(record["verdict"], forensics.OVERFLOW % scale)
+      self.assertNotIn("replay", record)
+    self.assertEqual(records[2]["verdict"],
+                     "not reproducible: suspect /device:CPU:0")
+
   def testRecordIsAppendedBeforeACheckpointCoversItsStep(self):
     train_dir = self._dir("order")
     seen = []

@@ -8,6 +8,7 @@ offending tower's whole batch. The input pipeline drops them by id.
 """
 
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 
 def _ids_of(record):
@@ -30,10 +31,15 @@ def excluded(train_dir):
   nonfinite_input, reproducible_batch), steps (the skips that named them).
 
   Raises:
-    skip_log.SkipLogError: if a log holds a line that is not a record.
+    train_dir.TrainDirError: if a log holds a line that is not a record.
   """
   ids, by_reason, steps = set(), {}, []
-  records = skip_log.read_all(train_dir) if train_dir else []
+  try:
+    records = skip_log.read_all(train_dir) if train_dir else []
+  except skip_log.SkipLogError as e:
+    raise train_dir_lib.TrainDirError(
+        "%s (repair or move the file, or train with "
+        "--noexclude_reproducible_skips)" % e)
   for record in records:
     if not record.get("reproduced"):
       continue

@@ -40,6 +40,9 @@ BATCH_FILE = "batch.npz"
 PARAMS_FILE = "params.json"
 CHECKPOINT_PREFIX = "state"
 NOT_EXPLAINED = "not explained: --max_explained_skips reached"
+OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
+            "not replayed")
+LOSS_SCALE_FLOOR = 1.0  # The dynamic loss scale's (hooks.SkipReportHook's).
 
 
 def skip_dir(train_dir, step, worker=0):
@@ -126,7 +129,12 @@ class ForensicsHook(core_hooks.GatedHook):
     if scale is not None:
       record["loss_scale"] = scale
     offending = [t for t, f in enumerate(flags) if f]
-    if not offending:
+    if scale is not None and scale > LOSS_SCALE_FLOOR:
+      # fp16: the scale halves and the step is retried on other data; a
+      # replay would reproduce the overflow and exclude good examples.
+      record["verdict"] = OVERFLOW % core_hooks.format_scale(scale)
+      text = "step %d: %s" % (step, record["verdict"])
+    elif not offending:
       # E.g. sync replicas: another worker's gradients were non-finite.
       record["verdict"] = "no tower of this worker was non-finite"
       text = "step %d: %s" % (step, record["verdict"])
@@ -201,7 +209,10 @@ def totals(train_dir):
   """Counts over every worker's records in `train_dir` (all runs): the
   chief's run summary merges the workers' logs this way."""
   verdicts, devices = collections.Counter(), collections.Counter()
-  records = skip_log.read_all(train_dir)
+  try:
+    records = skip_log.read_all(train_dir)
+  except skip_log.SkipLogError as e:  # Reported, not fatal: the run is over.
+    return {"all_records_error": str(e)}
   for record in records:
     if "reproduced" in record:
       verdicts["reproducible" if record["reproduced"]
