@@ -114,17 +114,9 @@ class ForensicsHook(core_hooks.GatedHook):
     batches = [self._forensics.store.read(session, t)
                for t in range(self._forensics.store.num_towers)]
     flags = [bool(f) for f in np.reshape(results["towers"], [-1])]
-    variables = [n for n, f in zip(self._names, results["average"]) if f]
-    record = {
-        "step": step, "worker": self._worker, "time": time.time(),
-        "reason": "nonfinite",
-        "towers": [{
-            "index": t, "device": self._devices[t], "nonfinite": flags[t],
-            "loss": float(results["losses"][t]),
-            "example_ids": [int(i) for i in batch[2]], "batch_hash": batch_store.batch_hash(
-                batch[0], batch[1]),
-            "variables": variables if flags[t] else []}
-                   for t, batch in enumerate(batches)]}
+    record = {"step": step, "worker": self._worker, "time": time.time(),
+              "reason": "nonfinite",
+              "towers": self._towers(results, flags, batches)}
     scale = float(results["scale"]) if "scale" in results else None
     if scale is not None:
       record["loss_scale"] = scale
@@ -164,6 +156,18 @@ class ForensicsHook(core_hooks.GatedHook):
     logging.warning("%s", text)
     self._summarize(step, text, "replay" in record and not record["replay"][
         "finite"], record["seconds"])
+
+  def _towers(self, results, flags, batches):
+    """The record's per-tower entries."""
+    # A NaN/Inf of any tower survives averaging: the decision's variables
+    # are those of the flagged towers.
+    variables = [n for n, f in zip(self._names, results["average"]) if f]
+    return [{"index": t, "device": self._devices[t], "nonfinite": flags[t],
+             "loss": float(results["losses"][t]),
+             "example_ids": [int(i) for i in ids],
+             "batch_hash": batch_store.batch_hash(images, labels),
+             "variables": variables if flags[t] else []}
+            for t, (images, labels, ids) in enumerate(batches)]
 
   def _save_state(self, session, step, batches, scale):
     """Saves the state the step saw (exact: a skip moves nothing)."""

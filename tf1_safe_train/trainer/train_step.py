@@ -31,12 +31,12 @@ from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import rollback
 from tf1_safe_train import data
 from tf1_safe_train import models
-from tf1_safe_train.trainer import batch_store
 from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import step_summaries
+from tf1_safe_train.trainer import tower_input
 from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
@@ -165,25 +165,6 @@ def _or_tower0(tower_nonfinite, flag):
                     tower_nonfinite[1:]], axis=0)
 
 
-_INPUT_DEVICE = "/device:CPU:0"
-
-
-def _input(params, worker_index, dataset_fn, exclude_ids):
-  """The iterator of (images, labels, example ids) batches."""
-  with tf.device(_INPUT_DEVICE), tf1.name_scope("input"):
-    # Each worker of a cluster shuffles its own way (worker 0 as alone).
-    seed = params.seed + worker_index
-    if dataset_fn is None:
-      dataset = data.get_dataset(params.dataset, "train", params.batch_size,
-                                 data_dir=params.data_dir, seed=seed,
-                                 with_ids=True, exclude_ids=exclude_ids)
-    else:
-      dataset = data.exclude(data.with_ids(dataset_fn(params.batch_size,
-                                                       seed)),
-                             exclude_ids, params.batch_size)
-    return tf1.data.make_one_shot_iterator(dataset)
-
-
 def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
   """Builds the training step in the default graph.
 
@@ -231,18 +212,14 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       # Read once per step, before the decision that may change it.
       scale = tf.identity(loss_scale.scale(), name="loss_scale_value")
 
-  iterator = _input(params, strategy.worker_index, dataset_fn, exclude_ids)
-  with tf.device(_INPUT_DEVICE):
-    store = batch_store.BatchStore(iterator.element_spec, num_towers)
+  tower_inputs = tower_input.TowerInput(params, strategy.worker_index,
+                                        num_towers, dataset_fn, exclude_ids)
   devices = strategy.tower_devices()
-  store_writes, probes = [], []
+  probes = []
 
   def tower_fn(i):
     tower_drill = drill.tower(step_index, i, strategy.worker_index)
-    with tf.device(_INPUT_DEVICE):  # The batch stays where it was read.
-      images, labels, ids = iterator.get_next()
-      images = tower_drill.input(images)
-      store_writes.append(store.write(i, images, labels, ids))
+    images, labels = tower_inputs.read(i, tower_drill)
     loss, grads_and_vars = tower_loss_and_grads(
         params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
         scale)
@@ -299,7 +276,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
           tf1.assign(max_seen, tf.maximum(
               max_seen.read_value(), counters.consecutive_skips.read_value())),
       ]
-    train_op = tf.group(step_op, *(totals + store_writes), name="train_op")
+    train_op = tf.group(step_op, *(totals + tower_inputs.writes), name="train_op")
     after = counters_lib.read_after(counters, train_op)
     with tf1.control_dependencies([train_op]):
       totals = {
@@ -320,6 +297,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       variables={"global_step": global_step, "counters": counters,
                  "nonfinite_steps_by_tower": nonfinite_by_tower,
                  "max_consecutive_skips_seen": max_seen},
-      forensics=replay_lib.Forensics(store, probes, scale))
+      forensics=replay_lib.Forensics(tower_inputs.store, probes,
+                                     scale))
   step_summaries.add(step)
   return step
