@@ -97,6 +97,28 @@ class SyntheticIdsTest(_GraphTestCase):
     self.assertLen(maps, 1)
     self.assertEqual(maps[0].inputs[0].op.type, "FilterDataset")
 
+  def testFilterCostDoesNotGrowWithTheSet(self):
+    # A chain of `equal`s would add nodes per excluded id.
+    sizes = []
+    for excluded in ([7], range(0, 10000, 3)):
+      with tf.Graph().as_default() as graph:
+        data.get_dataset("synthetic", "train", 8, exclude_ids=excluded)
+        filters = [op for op in graph.get_operations()
+                   if op.type == "FilterDataset"]
+        self.assertLen(filters, 1)
+        predicate = filters[0].get_attr("predicate").name
+        functions = {f.signature.name: f
+                     for f in graph.as_graph_def().library.function}
+        sizes.append(len(functions[predicate].node_def))
+    self.assertEqual(sizes[0], sizes[1])
+
+  def testDefaultsAddNoFilter(self):
+    with tf.Graph().as_default() as graph:
+      data.get_dataset("synthetic", "train", 8, with_ids=True)
+      data.get_dataset("synthetic", "train", 8, exclude_ids=[])
+      self.assertNotIn("FilterDataset",
+                       [op.type for op in graph.get_operations()])
+
   def testRefusesToExcludeEveryExample(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(

@@ -199,11 +199,11 @@ def dataset(data_dir, split, batch_size, seed=0,
   train = split == "train"
   if train:
     size = num_examples(data_dir, split)
-    # The position in the endless shuffled stream keys the augmentation.
     records = records.shuffle(size, seed=seed,
-                              reshuffle_each_iteration=True).repeat(
-                              ).enumerate()
-  seed_t = tf.constant(seed, tf.int64)
+                              reshuffle_each_iteration=True).repeat()
+    seed_t = tf.constant(seed, tf.int64)
+    # The position in the endless shuffled stream keys the augmentation.
+    records = records.enumerate()
 
   def fields(*element):
     """(position or None, record, id or None) of an element of `records`."""
