@@ -149,6 +149,21 @@ class ProbeTest(tf.test.TestCase):
       _, finding = self._run(build, batch)
       self.assertEqual("m/log", finding.first_op, dtype)
 
+  def testFusedBatchNormGradients(self):
+    # FusedBatchNormGradV3's unread reserve_space outputs come out with
+    # another rank than declared: checking them failed the replay.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [2, 2, 2, 3], name="x")
+      scale = tf1.get_variable("scale", initializer=tf.ones([3]))
+      offset = tf1.get_variable("offset", initializer=tf.zeros([3]))
+      y, _, _ = tf1.nn.fused_batch_norm(x, scale, offset, is_training=True)
+      loss = tf.reduce_sum(tf.square(y))
+      probe = replay.Probe([x], [loss] + tf.gradients(loss, [scale, offset]))
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        batch = np.arange(24, dtype=np.float32).reshape(2, 2, 2, 3)
+        self.assertTrue(probe.run(sess, {x: batch}).finite)
+
   def testIndexedSlicesGradientsAreProbedByValues(self):
     with tf.Graph().as_default():
       ids = tf1.placeholder(tf.int32, [2], name="ids")
@@ -184,6 +199,35 @@ class ProbeTest(tf.test.TestCase):
         # Inside the branch nothing is fetchable: its result is named.
         self.assertTrue(finding.first_op.startswith("branch"),
                         finding.first_op)
+
+  def testV1WhileLoopIsNotChecked(self):
+    with test_util.tf_config(control_flow_v2=False):
+      def build(x):
+        _, y = tf1.while_loop(lambda i, y: i < 3,
+                              lambda i, y: (i + 1, y * 2.0), [0, x])
+        return [tf.reduce_sum(tf.math.log(tf.abs(y)), name="out")]
+      batch = GOOD.copy()
+      batch[0, 0] = 0.0
+      probe, finding = self._run(build, batch)
+    self.assertGreater(probe.ops_not_checked, 0)
+    self.assertEqual({}, finding.nonfinite_inputs)
+    self.assertEqual("Log", finding.first_op)
+
+  def testFedInputsCutTheIterator(self):
+    with tf.Graph().as_default():
+      dataset = tf.data.Dataset.from_tensor_slices(
+          (np.arange(8, dtype=np.float32).reshape(4, 2), np.arange(4)))
+      images, labels = tf1.data.make_one_shot_iterator(dataset).get_next()
+      loss = tf.reduce_sum(images * tf.cast(labels, tf.float32))
+      with self.assertLogs(level="WARNING") as logs:
+        replay.Probe([images], [loss], name="images_only")
+      self.assertIn("consumes a batch", "".join(logs.output))
+      probe = replay.Probe([images, labels], [loss])
+      with self.session() as sess:
+        finding = probe.run(sess, {images: [NAN, 1.0], labels: 1})
+        # Fed images and labels: the iterator did not move.
+        self.assertEqual(0, sess.run(labels))
+    self.assertEqual({images.name: [0]}, finding.nonfinite_inputs)
 
   def testUnfedPlaceholderIsOneClearError(self):
     with tf.Graph().as_default():
@@ -261,6 +305,7 @@ class ProbeTest(tf.test.TestCase):
         "7, 8, 9, ... (+2 more)"
         "]; first non-finite: not among the 3 probed ops (2 not checked); "
         "outputs: loss:0", replay.describe(finding))
+    self.assertEqual(replay.describe(finding), str(finding))
 
 
 def _wrapped_step():
@@ -342,6 +387,59 @@ class WrapperReplayTest(tf.test.TestCase):
       self.assertEqual("layer/MatMul", record["replay"]["first_op"])
       self.assertIn("first non-finite: layer/MatMul (forward)",
                     record["replay"]["summary"])
+
+  def testReportHookRecordsTowersAndTheirDevices(self):
+    log_path = self.get_temp_dir() + "/towers.jsonl"
+    with tf.Graph().as_default():
+      inputs, tower_grads = [], []
+      for i, device in enumerate(["/device:CPU:0", "/device:CPU:1"]):
+        with tf.device(device), tf1.name_scope("tower_%d" % i):
+          x = tf1.placeholder(tf.float32, [3], name="x")
+          with tf1.variable_scope("", reuse=tf1.AUTO_REUSE):
+            loss, var_list = test_util.model(x)
+          tower_grads.append(list(zip(tf.gradients(loss, var_list),
+                                      var_list)))
+        inputs.append(x)
+      average = [((a + b) / 2.0, v) for (a, v), (b, _) in zip(*tower_grads)]
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      train_op = opt.apply_gradients(
+          average, tf1.train.get_or_create_global_step(),
+          tower_grads_and_vars=tower_grads)
+      hook = opt.report_hook(skip_log_path=log_path, replay=True)
+      config = tf1.ConfigProto(device_count={"CPU": 2})
+      with tf1.train.MonitoredTrainingSession(hooks=[hook],
+                                              config=config) as sess:
+        sess.run(train_op, {inputs[0]: test_util.GOOD_X,
+                            inputs[1]: test_util.NAN_X})
+    record, = skip_log.read(log_path)
+    self.assertEqual([
+        {"index": 0, "device": "/device:CPU:0", "nonfinite": False,
+         "variables": []},
+        {"index": 1, "device": "/device:CPU:1", "nonfinite": True,
+         "variables": ["model/w", "model/b"]}], record["towers"])
+    self.assertEqual({"tower_1/x:0": [1]},
+                     record["replay"]["nonfinite_inputs"])
+    self.assertTrue(record["replay"]["first_op"].startswith("tower_1/"),
+                    record["replay"]["first_op"])
+
+  def testAFailedReplayIsRecordedAndTheRunGoesOn(self):
+
+    class FailingProbe(object):
+
+      def run(self, session, feed_dict):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM\nmore")
+
+    log_path = self.get_temp_dir() + "/failed.jsonl"
+    with tf.Graph().as_default():
+      x, opt, train_op, _ = _wrapped_step()
+      hook = opt.report_hook(skip_log_path=log_path, replay=True)
+      hook._probe = FailingProbe()  # pylint: disable=protected-access
+      with tf1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        sess.run(train_op, {x: _nan_rows([1])})
+        sess.run(train_op, {x: GOOD})
+    record, = skip_log.read(log_path)
+    self.assertEqual({"error": "OOM"}, record["replay"])
 
   def testReportHookWithoutReplayOrLogIsTheReportHook(self):
     with tf.Graph().as_default():

@@ -6,6 +6,7 @@ op's producers come first, and count what hides in function bodies.
 """
 
 import collections
+import heapq
 
 import tensorflow as tf
 
@@ -35,29 +36,31 @@ def placeholders(outputs):
 
 def topological(ops):
   """`ops` in topological order of their data edges, creation order first."""
-  ops = sorted(ops, key=lambda op: op._id)  # pylint: disable=protected-access
-  members = set(ops)
+  position = {op: i for i, op in enumerate(
+      sorted(ops, key=lambda op: op._id))}  # pylint: disable=protected-access
   consumers = collections.defaultdict(list)
   waiting = {}
-  for op in ops:
-    producers = {t.op for t in op.inputs if t.op in members}
+  for op in position:
+    producers = {t.op for t in op.inputs if t.op in position}
     waiting[op] = len(producers)
     for producer in producers:
       consumers[producer].append(op)
-  ready = [op for op in ops if not waiting[op]]
+  # A heap of positions: of the ops ready, the earliest created goes first.
+  ready = [position[op] for op in position if not waiting[op]]
+  heapq.heapify(ready)
+  by_position = sorted(position, key=position.get)
   order = []
-  # A v1 loop's back edge (NextIteration) makes a cycle: what is left when
-  # nothing is ready goes last, in creation order.
   while ready:
-    ready.sort(key=lambda op: op._id, reverse=True)  # pylint: disable=protected-access
-    op = ready.pop()
+    op = by_position[heapq.heappop(ready)]
     order.append(op)
     for consumer in consumers[op]:
       waiting[consumer] -= 1
       if not waiting[consumer]:
-        ready.append(consumer)
+        heapq.heappush(ready, position[consumer])
+  # A v1 loop's back edge (NextIteration) makes a cycle: what is left when
+  # nothing is ready goes last, in creation order.
   placed = set(order)
-  return order + [op for op in ops if op not in placed]
+  return order + [op for op in by_position if op not in placed]
 
 
 def _function_names(op):

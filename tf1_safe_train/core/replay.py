@@ -25,8 +25,10 @@ Cost (ResNet-20 of `tf1_safe_train/models`, batch 128, its loss and
 gradients, this project's 2-core CPU machine): the build probes 290 ops
 and adds 1,468 ops (about 5 per probed op: 3 per checked tensor, and a
 batch norm has 6), the graph growing from 1,658 ops to 3,126; one replay
-(`Probe.run`) takes about 0.2 s, half a training step (0.44 s), since it
-runs the forward and backward passes and no update.
+(`Probe.run`) takes about as long as a training step: medians of 15
+interleaved runs 0.12 to 0.27 s, against 0.12 to 0.20 s for a step (the
+machine shared, load 5 to 6), since it runs the forward and backward passes
+plus the checks, and no update.
 """
 
 import collections
@@ -41,26 +43,32 @@ from tf1_safe_train.core import op_walk
 
 tf1 = tf.compat.v1
 
-Finding = collections.namedtuple("Finding", [
+
+class Finding(collections.namedtuple("Finding", [
     "finite", "nonfinite_inputs", "first_op", "phase", "nonfinite_outputs",
     "ops_checked", "ops_not_checked", "seconds"
-])
-Finding.__doc__ = """What one replay found.
+])):
+  """What one replay found; `str()` is its `describe` line.
 
-Attributes:
-  finite: True if every probed value, input and output was finite.
-  nonfinite_inputs: {input tensor name: [row indices along axis 0 holding a
-    NaN or an Inf]}, only for fed inputs with such rows.
-  first_op: name of the first op (topological order) with a non-finite
-    floating-point output, or None.
-  phase: "forward", or "backward" when `first_op` was built by
-    `tf.gradients` (a `gradients` name scope); None without `first_op`.
-  nonfinite_outputs: names of the outputs that were not all-finite.
-  ops_checked: how many ops were probed.
-  ops_not_checked: how many ops between the inputs and the outputs could
-    not be fetched from outside (in a v1 cond or loop, in a function body).
-  seconds: wall time of the replay's `session.run`.
-"""
+  Attributes:
+    finite: True if every probed value, input and output was finite.
+    nonfinite_inputs: {input tensor name: [row indices along axis 0 holding a
+      NaN or an Inf]}, only for fed inputs with such rows.
+    first_op: name of the first op (topological order) with a non-finite
+      floating-point output, or None.
+    phase: "forward", or "backward" when `first_op` was built by
+      `tf.gradients` (a `gradients` name scope); None without `first_op`.
+    nonfinite_outputs: names of the outputs that were not all-finite.
+    ops_checked: how many ops were probed.
+    ops_not_checked: how many ops between the inputs and the outputs could
+      not be fetched from outside (in a v1 cond or loop, in a function body).
+    seconds: wall time of the replay's `session.run`.
+  """
+  __slots__ = ()
+
+  def __str__(self):
+    return describe(self)
+
 
 # A name scope component of tf.gradients: "gradients", "gradients_1", ...
 _GRADIENTS_SCOPE = re.compile(r"^gradients(_\d+)?$")

@@ -80,10 +80,17 @@ class SkipLogHook(step_report.StepReportHook):
     if self._probe is not None and self.replays < self._max_replays:
       if feed_dict:
         self.replays += 1
-        finding = self._probe.run(run_context.session, feed_dict)
-        record["replay"] = replay_lib.as_record(finding)
-        logging.warning("step %d replay: %s", record["step"],
-                        record["replay"]["summary"])
+        try:
+          finding = self._probe.run(run_context.session, feed_dict)
+        except (ValueError, tf.errors.OpError) as e:
+          # The replay explains a skip; it must not end the run.
+          record["replay"] = {"error": str(e).splitlines()[0]}
+          logging.warning("step %d replay failed: %s", record["step"],
+                          record["replay"]["error"])
+        else:
+          record["replay"] = replay_lib.as_record(finding)
+          logging.warning("step %d replay: %s", record["step"],
+                          record["replay"]["summary"])
       elif not self.replays:
         self.replays = self._max_replays  # Say it once.
         logging.warning("replay: the skipped run had no feed_dict (an input "
@@ -144,8 +151,7 @@ class Replaying(step_report.Reporting):
     the weights are those the skipped step saw: the same feed dict, replayed
     now, recomputes the step and names where its NaN or Inf first appeared:
 
-        finding = opt.replay(sess, feed_dict)
-        print(tf1_safe_train.replay.describe(finding))
+        print(opt.replay(sess, feed_dict))  # A replay.Finding, as one line:
         # input holds NaN/Inf: rows [3]; first non-finite: dense/MatMul
         # (forward)
 
