@@ -71,9 +71,10 @@ class ForensicsTest(tf.test.TestCase):
     self.assertFalse(replay["finite"])
     self.assertEqual(replay["phase"], "forward")
     self.assertIn("small_cnn", replay["first_op"])
-    (rows,) = replay["input_rows"].values()  # One input holds the NaN.
-    self.assertEqual(rows, [0, 1, 2, 3])
+    self.assertEqual(replay["input_rows"], {"images": [0, 1, 2, 3]})
     self.assertEqual(replay["input_ids"], tower0["example_ids"])
+    self.assertEqual(replay["input_examples"],
+                     ["train#%d" % i for i in tower0["example_ids"]])
     self.assertIn("input holds NaN/Inf", replay["text"])
     self.assertFalse(record["other"]["finite"])  # Tower 1 reproduces it.
     self.assertEqual(first["forensics"]["verdicts"], {"reproducible": 1})

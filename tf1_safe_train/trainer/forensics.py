@@ -74,7 +74,7 @@ class ForensicsHook(core_hooks.GatedHook):
   """Records, replays and classifies every skipped step of this worker."""
 
   def __init__(self, step, params, worker=0, max_explained=10,
-               summary_dir=None):
+               summary_dir=None, describe_id=str):
     """Creates the hook.
 
     Args:
@@ -83,6 +83,7 @@ class ForensicsHook(core_hooks.GatedHook):
       worker: this worker's index (its own log and skip directories).
       max_explained: replays this run at most (0: none, records only).
       summary_dir: if set, TensorBoard gets each explained skip there.
+      describe_id: example id -> its human name (`data.describe_id`).
     """
     self._forensics = step.forensics
     report = step.report
@@ -98,6 +99,7 @@ class ForensicsHook(core_hooks.GatedHook):
     self._worker = worker
     self._max_explained = max_explained
     self._summary_dir = summary_dir
+    self._describe_id = describe_id
     self.records = 0
     self.explained = 0
     self.replay_seconds = []
@@ -138,6 +140,9 @@ class ForensicsHook(core_hooks.GatedHook):
       explained = replay_lib.explain(session, self._forensics, offending[0],
                                      batches[offending[0]], scale)
       record.update(explained)
+      replayed = record["replay"]
+      replayed["input_examples"] = [self._describe_id(i)
+                                    for i in replayed["input_ids"]]
       record["replay_seconds"] = record.pop("seconds")
       record["state_dir"] = os.path.relpath(
           self._save_state(session, step, batches, scale),

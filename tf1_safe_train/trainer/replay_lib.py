@@ -86,9 +86,10 @@ def _replay(session, forensics, tower, batch, scale):
   return tower.probe.run(session, feed)
 
 
-def _rows(finding, ids):
-  """{input name: rows}, and the example ids of the rows of any input."""
-  rows = {name: [int(r) for r in rs]
+def _rows(finding, tower, ids):
+  """{input: rows} ("images", "labels"), and the example ids of the rows."""
+  names = {tower.images.name: "images", tower.labels.name: "labels"}
+  rows = {names.get(name, name): [int(r) for r in rs]
           for name, rs in (finding.nonfinite_inputs or {}).items()}
   bad = sorted(set(r for rs in rows.values() for r in rs))
   return rows, [int(ids[r]) for r in bad if r < len(ids)]
@@ -116,7 +117,7 @@ def explain(session, forensics, tower_index, batch, scale=None):
   tower = towers[tower_index]
   ids = batch[2]
   finding = _replay(session, forensics, tower, batch, scale)
-  input_rows, input_ids = _rows(finding, ids)
+  input_rows, input_ids = _rows(finding, tower, ids)
   result = {
       "replay": {
           "tower": tower.index, "device": tower.device,

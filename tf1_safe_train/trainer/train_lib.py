@@ -12,6 +12,7 @@ import time
 
 import tensorflow as tf
 
+from tf1_safe_train import data
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.trainer import checkpoint_fit
@@ -71,7 +72,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
       strategy.after_build(step)
     explain = forensics.ForensicsHook(
         step, params, strategy.worker_index, params.max_explained_skips,
-        summary_dir=params.train_dir)
+        summary_dir=params.train_dir, describe_id=lambda i: data.describe_id(
+            params.dataset if dataset_fn is None else "dataset_fn", i))
     examples_per_step = params.batch_size * strategy.tower_config.num_towers
     first_step_time = None
     stats = hooks_lib.RunStatsHook(dict(
