@@ -72,7 +72,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
       strategy.after_build(step)
     explain = forensics.ForensicsHook(
         step, params, strategy.worker_index, params.max_explained_skips,
-        summary_dir=params.train_dir, describe_id=lambda i: data.describe_id(
+        summary_dir=params.train_dir if is_chief else None,
+        describe_id=lambda i: data.describe_id(
             params.dataset if dataset_fn is None else "dataset_fn", i))
     examples_per_step = params.batch_size * strategy.tower_config.num_towers
     first_step_time = None
