@@ -141,7 +141,8 @@ class SigkillTest(tf.test.TestCase):
       os.killpg(process.pid, signal.SIGKILL)
     finally:
       process.wait()
-    self.assertEqual([r["step"] for r in skip_log.read(log)], [2])
+    # (A slow poll may see the second record too.)
+    self.assertIn([r["step"] for r in skip_log.read(log)], ([2], [2, 4]))
     _train(train_dir, "--max_steps=6", "--save_checkpoints_steps=1",
            "--inject_nonfinite=nan@2:0,nan@4:1", "--inject_into=input")
     records = skip_log.read(log)
