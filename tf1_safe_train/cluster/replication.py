@@ -28,10 +28,11 @@ The interface, in the order the runner uses it:
                             MonitoredSession
   `finish()`, `summary_fields()`  after the session closed
 
-The hooks of a run, in order: the strategy's own (a cluster worker's
-`EndOfRunHook` first, so its `end` precedes the final checkpoint; then the
-chief's summary and checkpoint savers), then the runner's (`train_lib`),
-with `step_hooks()` after its reporting hooks.
+The hooks of a run, in order: a cluster worker's `EndOfRunHook` first (so
+its `end` precedes the final checkpoint), the runner's `first_hooks` (what
+must be written before a checkpoint covers the step: the skip records),
+the chief's summary and checkpoint savers, then the runner's other hooks
+(`train_lib`), with `step_hooks()` after its reporting hooks.
 """
 
 import contextlib
