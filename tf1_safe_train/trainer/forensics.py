@@ -141,7 +141,7 @@ class ForensicsHook(core_hooks.GatedHook):
                                      batches[offending[0]], scale)
       record.update(explained)
       replayed = record["replay"]
-      replayed["input_examples"] = [self._describe_id(i)
+      replayed["input_examples"] = [self._name(i)
                                     for i in replayed["input_ids"]]
       record["replay_seconds"] = record.pop("seconds")
       record["state_dir"] = os.path.relpath(
@@ -161,6 +161,14 @@ class ForensicsHook(core_hooks.GatedHook):
     logging.warning("%s", text)
     self._summarize(step, text, "replay" in record and not record["replay"][
         "finite"], record["seconds"])
+
+  def _name(self, example_id):
+    """The example's name; its id if the source cannot name it (a skip's
+    explanation never ends the run)."""
+    try:
+      return self._describe_id(example_id)
+    except ValueError:
+      return str(example_id)
 
   def _towers(self, results, flags, batches):
     """The record's per-tower entries."""
