@@ -22,6 +22,7 @@ import tensorflow as tf
 import binaries
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
+from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import train_lib
@@ -176,6 +177,16 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertEqual([int(re.search(r"skipped step (\d+)", r).group(1))
                       for r in reports], [26, 27, 28])
     self.assertEqual(_skip_reports(_task_lines(err, "worker 0")), [])
+    # Each worker records and replays its own towers; the chief's summary
+    # merges the workers' logs.
+    device = "/job:worker/task:1/device:CPU:0"
+    records = skip_log.read(skip_log.path(train_dir, 1))
+    self.assertEqual([(r["step"], r["worker"], r["verdict"]) for r in records],
+                     [(s, 1, "not reproducible: suspect " + device)
+                      for s in (26, 27, 28)])
+    self.assertEqual(skip_log.read(skip_log.path(train_dir, 0)), [])
+    self.assertEqual(summary["forensics"]["suspect_devices_all_runs"],
+                     {device: 3})
     # The chief saved after every aggregate step: across the three skipped
     # ones, nothing but the counters moved (weights, Momentum slots); the
     # next applied step moves the model again.

@@ -24,13 +24,15 @@ The interface, in the order the runner uses it:
                             the reports show
   `after_build(step)`       ops the end of the run needs
   `step_hooks()`            hooks that run the step's own machinery
-  `session(scaffold, hooks, stopped_by_signal)`  the MonitoredSession
+  `session(scaffold, hooks, stopped_by_signal, first_hooks=())`  the
+                            MonitoredSession
   `finish()`, `summary_fields()`  after the session closed
 
-The hooks of a run, in order: the strategy's own (a cluster worker's
-`EndOfRunHook` first, so its `end` precedes the final checkpoint; then the
-chief's summary and checkpoint savers), then the runner's (`train_lib`),
-with `step_hooks()` after its reporting hooks.
+The hooks of a run, in order: a cluster worker's `EndOfRunHook` first (so
+its `end` precedes the final checkpoint), the runner's `first_hooks` (what
+must be written before a checkpoint covers the step: the skip records),
+the chief's summary and checkpoint savers, then the runner's other hooks
+(`train_lib`), with `step_hooks()` after its reporting hooks.
 """
 
 import contextlib
@@ -94,14 +96,19 @@ class Local(object):
   def step_hooks(self):
     return []
 
-  def session(self, scaffold, hooks, stopped_by_signal):
+  def session(self, scaffold, hooks, stopped_by_signal, first_hooks=()):
     """MonitoredTrainingSession: on the chief, its summary and checkpoint
-    savers run before `hooks` (TF's order, as in a cluster's `session`)."""
+    savers run before `hooks` (TF's order, as in a cluster's `session`),
+    after `first_hooks` (e.g. what must be written before a checkpoint)."""
     del stopped_by_signal  # Nobody else waits for this process.
     params = self.params
+    first_hooks = list(first_hooks)
     return tf1.train.MonitoredTrainingSession(
         master=self.master, is_chief=self.is_chief,
-        checkpoint_dir=params.train_dir, scaffold=scaffold, hooks=hooks,
+        checkpoint_dir=params.train_dir, scaffold=scaffold,
+        # TF runs chief-only hooks before its savers (not chief: no savers).
+        chief_only_hooks=first_hooks if self.is_chief else None,
+        hooks=list(hooks) if self.is_chief else first_hooks + list(hooks),
         save_checkpoint_steps=params.save_checkpoints_steps,
         save_summaries_steps=params.save_summaries_steps,
         log_step_count_steps=None,
@@ -174,13 +181,14 @@ class AsyncReplicas(Local):
     self._end_ops = replicas.end_of_run_ops(self.cluster, step.variables,
                                             self._close_tokens())
 
-  def session(self, scaffold, hooks, stopped_by_signal):
+  def session(self, scaffold, hooks, stopped_by_signal, first_hooks=()):
     """The worker's session. Hook order (explicit):
 
     1. `EndOfRunHook`: its `end` runs first, so the chief's final checkpoint
-       (2.) comes after every worker's last step;
-    2. on the chief, `CheckpointSaverHook` and `SummarySaverHook`;
-    3. `hooks`, as the runner ordered them.
+       (3.) comes after every worker's last step;
+    2. `first_hooks` (what must be written before a checkpoint);
+    3. on the chief, `CheckpointSaverHook` and `SummarySaverHook`;
+    4. `hooks`, as the runner ordered them.
     """
     self._end_hook = replicas.EndOfRunHook(
         self.cluster, self._end_ops, stopped_by_signal, replicas.END_WAIT_SECS)
@@ -188,7 +196,8 @@ class AsyncReplicas(Local):
         else []
     return replicas.cluster_session(
         self.params, self.cluster, self.master, self._session_config,
-        scaffold, [self._end_hook] + savers + list(hooks))
+        scaffold,
+        [self._end_hook] + list(first_hooks) + savers + list(hooks))
 
   def finish(self):
     replicas.report_done(self._server, self._end_ops, self._session_config,

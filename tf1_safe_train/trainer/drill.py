@@ -76,6 +76,15 @@ class TowerDrill(object):
     self._active = active
     self._value = value
     self._factor = factor  # float32 scalar (1.0 when inactive), or None.
+    self._value_row = self._factor_row = None
+    if target in ("loss", "grads"):
+      # A replay feeds the value inactive as a row: probes check inputs by
+      # row (see `in_step_faults`).
+      self._value_row = tf.reshape(value, [1], name="fault_value")
+      self._value = self._value_row[0]
+      if factor is not None:
+        self._factor_row = tf.reshape(factor, [1], name="fault_factor")
+        self._factor = self._factor_row[0]
 
   def _scaled(self, x):
     if self._factor is None:
@@ -89,6 +98,20 @@ class TowerDrill(object):
     if self._target != "input":
       return images
     return injection.poison(self._scaled(images), self._active, self._value)
+
+  def in_step_faults(self):
+    """Feeds that turn off this tower's in-step faults for a replay.
+
+    The loss and gradient drills model a fault inside the step (a flaky
+    device): a replay feeds them inactive. The input drill models data: the
+    stored batch holds its poison, and the replay feeds that batch.
+    """
+    if self._value_row is None:
+      return {}
+    feeds = {self._active: False, self._value_row: [0.0]}
+    if self._factor_row is not None:  # A scale drill: a device's spike.
+      feeds[self._factor_row] = [1.0]
+    return feeds
 
   def loss(self, loss):
     if self._target != "loss":

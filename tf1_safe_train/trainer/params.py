@@ -191,6 +191,13 @@ class TrainParams(object):
       "grads", "What the drill poisons: a tower's grads, loss or input "
       "images.", INJECT_INTO)
   seed: int = _param(0, "Graph-level random seed.")
+  max_explained_skips: int = _param(
+      10, "Replay at most this many skipped steps per run (each names the "
+      "first non-finite op and data or device, see docs/forensics.md); "
+      "0 = none (skips are still recorded in skips.jsonl).")
+  exclude_reproducible_skips: bool = _param(
+      True, "At startup, drop the examples of skips whose replay reproduced "
+      "(read from skips.jsonl) from the input.")
   # In a cluster (see cluster/spec.py); ignored on one machine.
   sync_replicas: bool = _param(
       False, "Cluster: aggregate every worker's gradients and decide "
@@ -248,6 +255,10 @@ class TrainParams(object):
              "--%s=%r: must be an integer >= 1", name, value)
     _check_one_of("inject_into", self.inject_into, INJECT_INTO)
     _check(checks.is_int(self.seed), "--seed=%r: must be an integer", self.seed)
+    _check(checks.is_int(self.max_explained_skips) and
+           self.max_explained_skips >= 0,
+           "--max_explained_skips=%r: must be an integer >= 0",
+           self.max_explained_skips)
     _check_one_of("precision", self.precision, PRECISIONS)
     _check(1 <= self.initial_loss_scale <= 2.0**127,
            "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",

@@ -12,10 +12,13 @@ import time
 
 import tensorflow as tf
 
+from tf1_safe_train import data
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import exclusion
 from tf1_safe_train.trainer import finite_state
+from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import hooks as hooks_lib
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
@@ -62,11 +65,19 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     train_dir_lib.check(params.train_dir)
   strategy.start()
   start = time.time()
+  exclude_ids, excluded = exclusion.excluded(
+      params.train_dir if params.exclude_reproducible_skips else None)
   with tf.Graph().as_default(), contextlib.ExitStack() as owned:
     tf1.set_random_seed(params.seed)
     with strategy.device():
-      step = train_step.build_step(params, strategy, dataset_fn=dataset_fn)
+      step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
+                                   exclude_ids=exclude_ids)
       strategy.after_build(step)
+    explain = forensics.ForensicsHook(
+        step, params, strategy.worker_index, params.max_explained_skips,
+        summary_dir=params.train_dir if is_chief else None,
+        describe_id=lambda i: data.describe_id(
+            params.dataset if dataset_fn is None else "dataset_fn", i))
     examples_per_step = params.batch_size * strategy.tower_config.num_towers
     first_step_time = None
     stats = hooks_lib.RunStatsHook(dict(
@@ -124,8 +135,10 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     scaffold = tf1.train.Scaffold(saver=saver)
     on_signal.install()
     try:
+      # A skip's record is appended before a checkpoint covering its step.
       with strategy.session(scaffold, run_hooks,
-                            lambda: on_signal.interrupted) as session:
+                            lambda: on_signal.interrupted,
+                            first_hooks=[explain]) as session:
         while not session.should_stop():
           session.run(step.train_op)
           if first_step_time is None:
@@ -137,6 +150,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     summary = _summary(params, stats, give_up, on_signal, state_hook.report,
                        first_step_time, start, time.time(), examples_per_step,
                        strategy)
+    summary["forensics"] = dict(explain.summary(), excluded_examples=excluded,
+                                **forensics.totals(params.train_dir))
     if is_chief:  # Under the lock, as every write of the run.
       run_summary.write(params.train_dir, summary)
   return summary

@@ -36,7 +36,9 @@ from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
 from tf1_safe_train.trainer import recovery
+from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import step_summaries
+from tf1_safe_train.trainer import tower_input
 from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
@@ -44,7 +46,7 @@ tf1 = tf.compat.v1
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "report", "totals", "loss_scale", "loss_scale_before", "variables",
-    "spikes"])
+    "spikes", "forensics"])
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -64,6 +66,8 @@ Attributes:
     counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
   spikes: with --skip_spikes_sigma, the decision's `spikes.SpikeReport`
     (None with sync replicas: the chief decides), else None.
+  forensics: `replay_lib.Forensics` (batch store, per-tower probes), what
+    explains a skip after the step.
 """
 
 SkipReport = collections.namedtuple("SkipReport", [
@@ -84,11 +88,13 @@ def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
                          tower_drill, loss_scale=None, scale=None):
   """One tower's loss and (float32, unscaled) gradients.
 
+  `images` are as the model reads them (after the input drill, which models
+  data: the batch store and a replay see the poisoned batch).
+
   With --precision=fp16|bf16 the tower computes in that dtype on float32
   master weights; with a `loss_scale` it differentiates the loss times
   `scale` and divides the gradients back (`DynamicLossScale.gradients`).
   """
-  images = tower_drill.input(images)
   compute_dtype = precision.compute_dtype(params.precision)
   if compute_dtype == tf.float32:
     logits = model_fn(images, is_training=True, num_classes=data.NUM_CLASSES)
@@ -171,19 +177,7 @@ def _spike_config(params):
       params.spike_max_streak, params.skip_loss_spikes)
 
 
-def _input(params, worker_index, dataset_fn):
-  with tf.device("/device:CPU:0"), tf1.name_scope("input"):
-    # Each worker of a cluster shuffles its own way (worker 0 as alone).
-    seed = params.seed + worker_index
-    if dataset_fn is None:
-      dataset = data.get_dataset(params.dataset, "train", params.batch_size,
-                                 data_dir=params.data_dir, seed=seed)
-    else:
-      dataset = dataset_fn(params.batch_size, seed)
-    return tf1.data.make_one_shot_iterator(dataset)
-
-
-def build_step(params, strategy, dataset_fn=None):
+def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
   """Builds the training step in the default graph.
 
   Args:
@@ -193,6 +187,8 @@ def build_step(params, strategy, dataset_fn=None):
       training `tf.data.Dataset` of (float32 images [batch_size, H, W, 3],
       int32 labels [batch_size]) batches, repeated; each tower takes its own
       batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
+      Batches may carry example ids as a third element (`data.with_ids`).
+    exclude_ids: example ids the input never yields (`exclusion`).
 
   Returns:
     A `Step`.
@@ -229,13 +225,19 @@ def build_step(params, strategy, dataset_fn=None):
       # Read once per step, before the decision that may change it.
       scale = tf.identity(loss_scale.scale(), name="loss_scale_value")
 
-  iterator = _input(params, strategy.worker_index, dataset_fn)
+  tower_inputs = tower_input.TowerInput(params, strategy.worker_index,
+                                        num_towers, dataset_fn, exclude_ids)
+  devices = strategy.tower_devices()
+  probes = []
 
   def tower_fn(i):
-    images, labels = iterator.get_next()
+    tower_drill = drill.tower(step_index, i, strategy.worker_index)
+    images, labels = tower_inputs.read(i, tower_drill)
     loss, grads_and_vars = tower_loss_and_grads(
-        params, images, labels, model_fn, optimizer,
-        drill.tower(step_index, i, strategy.worker_index), loss_scale, scale)
+        params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
+        scale)
+    probes.append(replay_lib.tower_probe(i, devices[i], images, labels, loss,
+                                         grads_and_vars, tower_drill))
     # Good steps pay for the decision only: the averaged gradients' checks
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
@@ -291,7 +293,7 @@ def build_step(params, strategy, dataset_fn=None):
           tf1.assign(max_seen, tf.maximum(
               max_seen.read_value(), counters.consecutive_skips.read_value())),
       ]
-    train_op = tf.group(step_op, *totals, name="train_op")
+    train_op = tf.group(step_op, *(totals + tower_inputs.writes), name="train_op")
     after = counters_lib.read_after(counters, train_op)
     with tf1.control_dependencies([train_op]):
       totals = {
@@ -309,14 +311,15 @@ def build_step(params, strategy, dataset_fn=None):
   step = Step(
       train_op=train_op, step_index=step_index, loss=loss,
       learning_rate=learning_rate, applied=result.applied, counters=after,
-      report=SkipReport(tower_nonfinite, average_flags, names,
-                        strategy.tower_devices()),
+      report=SkipReport(tower_nonfinite, average_flags, names, devices),
       totals=totals,
       loss_scale=loss_scale.read_after(train_op) if loss_scale else None,
       loss_scale_before=scale,
       variables={"global_step": global_step, "counters": counters,
                  "nonfinite_steps_by_tower": nonfinite_by_tower,
                  "max_consecutive_skips_seen": max_seen},
-      spikes=result.spikes)
+      spikes=result.spikes,
+      forensics=replay_lib.Forensics(tower_inputs.store, probes,
+                                     scale))
   step_summaries.add(step)
   return step

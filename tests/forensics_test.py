@@ -1,0 +1,183 @@
+"""Every skip explained: skips.jsonl records, replay verdicts, exclusion.
+
+The trainer runs in-process on virtual CPU towers under the quick start's
+drills; each skip must leave one record with its verdict (input drill: data,
+named with its examples; loss/grads drills: the device), replays are
+rate-limited, a record is appended before any checkpoint covering its step,
+and a restart never reads the examples of a reproducible skip again.
+"""
+
+import json
+import os
+from unittest import mock
+
+import tensorflow as tf
+
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import forensics
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import replay_lib
+from tf1_safe_train.trainer import train_lib
+
+tf1 = tf.compat.v1
+
+
+def _params(train_dir, **overrides):
+  values = dict(train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
+                max_steps=4, save_checkpoints_steps=1000,
+                save_summaries_steps=1000, log_every_n_steps=1000)
+  values.update(overrides)
+  return params_lib.TrainParams(**values).validate()
+
+
+class _StoredIds(tf1.train.SessionRunHook):
+  """Collects every example id the towers read (from the batch store)."""
+
+  def __init__(self):
+    self.ids = set()
+
+  def begin(self):
+    self._reads = [v.read_value() for v in tf1.local_variables()
+                   if v.name.startswith("batch_store/") and
+                   v.name.endswith("/ids:0")]
+
+  def after_run(self, run_context, run_values):
+    for ids in run_context.session.run(self._reads):  # After the step.
+      self.ids.update(int(i) for i in ids)
+
+
+class ForensicsTest(tf.test.TestCase):
+
+  def _dir(self, name):
+    return os.path.join(self.get_temp_dir(), name)
+
+  def testInputDrillIsDataNamedWithItsExamplesAndNeverReadAgain(self):
+    train_dir = self._dir("input")
+    # Step 0: the restart reads the same stream from its start again.
+    first = train_lib.train(_params(train_dir, max_steps=2,
+                                    inject_nonfinite="nan@0:0",
+                                    inject_into="input"))
+    records = skip_log.read_all(train_dir)
+    self.assertEqual([r["step"] for r in records], [0])
+    record = records[0]
+    self.assertEqual(record["verdict"], replay_lib.REPRODUCIBLE)
+    self.assertTrue(record["reproduced"])
+    self.assertIsNone(record["suspect_device"])
+    tower0 = record["towers"][0]
+    self.assertTrue(tower0["nonfinite"])
+    self.assertLen(tower0["example_ids"], 4)
+    replay = record["replay"]
+    self.assertFalse(replay["finite"])
+    self.assertEqual(replay["phase"], "forward")
+    self.assertIn("small_cnn", replay["first_op"])
+    self.assertEqual(replay["input_rows"], {"images": [0, 1, 2, 3]})
+    self.assertEqual(replay["input_ids"], tower0["example_ids"])
+    self.assertEqual(replay["input_examples"],
+                     ["train#%d" % i for i in tower0["example_ids"]])
+    self.assertIn("input holds NaN/Inf", replay["text"])
+    self.assertFalse(record["other"]["finite"])  # Tower 1 reproduces it.
+    self.assertEqual(first["forensics"]["verdicts"], {"reproducible": 1})
+    bad = set(tower0["example_ids"])
+
+    stored = _StoredIds()
+    second = train_lib.train(_params(train_dir, max_steps=4),
+                             extra_hooks=[stored])
+    excluded = second["forensics"]["excluded_examples"]
+    self.assertEqual(excluded["count"], 4)
+    self.assertEqual(excluded["by_reason"], {"nonfinite_input": 4})
+    self.assertNotEmpty(stored.ids)
+    self.assertEmpty(stored.ids & bad)
+
+    # Off: the same restart reads them again (what the test above guards).
+    control = _StoredIds()
+    summary = train_lib.train(_params(train_dir, max_steps=6,
+                                      exclude_reproducible_skips=False),
+                              extra_hooks=[control])
+    self.assertEqual(summary["forensics"]["excluded_examples"]["count"], 0)
+    self.assertTrue(bad <= control.ids)
+
+  def testGradsDrillIsNotReproducibleAndNamesTheDevice(self):
+    train_dir = self._dir("grads")
+    summary = train_lib.train(_params(train_dir, inject_nonfinite="nan@2:1",
+                                      inject_into="grads"))
+    (record,) = skip_log.read_all(train_dir)
+    self.assertEqual(record["step"], 2)
+    self.assertEqual(record["verdict"],
+                     "not reproducible: suspect /device:CPU:1")
+    self.assertEqual(record["suspect_device"], "/device:CPU:1")
+    self.assertEqual(record["replay"]["tower"], 1)
+    self.assertTrue(record["replay"]["finite"])
+    self.assertEqual([t["nonfinite"] for t in record["towers"]],
+                     [False, True])
+    self.assertNotEmpty(record["towers"][1]["variables"])
+    self.assertEqual(summary["forensics"]["suspect_devices"],
+                     {"/device:CPU:1": 1})
+    self.assertEqual(summary["forensics"]["explained_skips"], 1)
+    saved = forensics.skip_dir(train_dir, 2)
+    self.assertEqual(record["state_dir"], os.path.join("skips", "step-2"))
+    with open(os.path.join(saved, forensics.PARAMS_FILE)) as f:
+      self.assertEqual(json.load(f)["step"], 2)
+
+  def testLossDrillOnOneTowerIsNotReproducibleOnTheSameDevice(self):
+    train_dir = self._dir("loss")
+    train_lib.train(_params(train_dir, num_towers=1,
+                            inject_nonfinite="inf@1", inject_into="loss"))
+    (record,) = skip_log.read_all(train_dir)
+    self.assertEqual(record["verdict"],
+                     "not reproducible: suspect /device:CPU:0")
+    self.assertTrue(record["weaker"])
+    self.assertNotIn("other", record)  # No other tower to replay on.
+
+  def testReplaysAreRateLimitedButEverySkipIsRecorded(self):
+    train_dir = self._dir("limit")
+    summary = train_lib.train(_params(train_dir, max_explained_skips=1,
+                                      inject_nonfinite="nan@1-2:0"))
+    records = skip_log.read_all(train_dir)
+    self.assertEqual([r["step"] for r in records], [1, 2])
+    self.assertIn("replay", records[0])
+    self.assertEqual(records[1]["verdict"], forensics.NOT_EXPLAINED)
+    self.assertNotIn("replay", records[1])
+    self.assertEqual(records[1]["towers"][0]["nonfinite"], True)
+    self.assertEqual(os.listdir(os.path.join(train_dir, forensics.SKIPS_DIR)),
+                     ["step-1"])
+    self.assertEqual(summary["forensics"]["skip_records"], 2)
+    self.assertEqual(summary["forensics"]["explained_skips"], 1)
+
+  def testFp16ReplaysOnlySkipsAtTheFloorScaleWithTheScaleTheStepUsed(self):
+    train_dir = self._dir("fp16")
+    # Scale 4 -> 2 -> 1: the first two skips are expected overflows.
+    train_lib.train(_params(train_dir, num_towers=1, precision="fp16",
+                            initial_loss_scale=4.0,
+                            inject_nonfinite="nan@1-3:0"))
+    records = skip_log.read_all(train_dir)
+    self.assertEqual([r["step"] for r in records], [1, 2, 3])
+    self.assertEqual([r["loss_scale"] for r in records], [4.0, 2.0, 1.0])
+    for record, scale in zip(records[:2], ("4", "2")):
+      self.assertEqual(record["verdict"], forensics.OVERFLOW % scale)
+      self.assertNotIn("replay", record)
+    self.assertEqual(records[2]["verdict"],
+                     "not reproducible: suspect /device:CPU:0")
+
+  def testRecordIsAppendedBeforeACheckpointCoversItsStep(self):
+    train_dir = self._dir("order")
+    seen = []
+    save = checkpoints.FiniteSaver.save
+
+    def recording_save(saver, sess, save_path, global_step=None, **kwargs):
+      step = int(sess.run(global_step) if tf.is_tensor(global_step)
+                 else global_step)
+      seen.append((step, [r["step"] for r in skip_log.read_all(train_dir)]))
+      return save(saver, sess, save_path, global_step=global_step, **kwargs)
+
+    with mock.patch.object(checkpoints.FiniteSaver, "save", recording_save):
+      train_lib.train(_params(train_dir, save_checkpoints_steps=1,
+                              inject_nonfinite="nan@1:0"))
+    covering = [recorded for step, recorded in seen if step > 1]
+    self.assertNotEmpty(covering)
+    for recorded in covering:
+      self.assertEqual(recorded, [1])
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,52 @@
+"""Never feed it again: the examples of reproducible skips, by id.
+
+At startup the trainer reads every worker's `skips.jsonl` of its train_dir;
+a record whose replay reproduced the non-finite step (`reproduced`) names
+its examples: the rows of the input that held NaN/Inf (`replay.input_ids`)
+or, when the input was finite (the batch drove the model non-finite), the
+offending tower's whole batch. The input pipeline drops them by id.
+"""
+
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import train_dir as train_dir_lib
+
+
+def _ids_of(record):
+  replay = record.get("replay") or {}
+  if replay.get("input_ids"):
+    return "nonfinite_input", replay["input_ids"]
+  tower = replay.get("tower")
+  for entry in record.get("towers", []):
+    if entry.get("index") == tower:
+      return "reproducible_batch", entry.get("example_ids") or []
+  return "reproducible_batch", []
+
+
+def excluded(train_dir):
+  """(sorted example ids to drop, summary dict) from `train_dir`'s logs.
+
+  `train_dir` None: nothing is dropped (exclusion turned off).
+
+  The summary: count (examples), by_reason (examples per reason:
+  nonfinite_input, reproducible_batch), steps (the skips that named them).
+
+  Raises:
+    train_dir.TrainDirError: if a log holds a line that is not a record.
+  """
+  ids, by_reason, steps = set(), {}, []
+  try:
+    records = skip_log.read_all(train_dir) if train_dir else []
+  except skip_log.SkipLogError as e:
+    raise train_dir_lib.TrainDirError(
+        "%s (repair or move the file, or train with "
+        "--noexclude_reproducible_skips)" % e)
+  for record in records:
+    if not record.get("reproduced"):
+      continue
+    reason, record_ids = _ids_of(record)
+    new = set(int(i) for i in record_ids) - ids
+    ids |= new
+    by_reason[reason] = by_reason.get(reason, 0) + len(new)
+    steps.append({"step": record["step"], "worker": record["worker"]})
+  return sorted(ids), {"count": len(ids), "by_reason": by_reason,
+                       "steps": steps}

@@ -1,0 +1,240 @@
+"""Every skip explained while the run goes on: `ForensicsHook`.
+
+After a skipped step (the weights are exactly as it saw them) the hook reads
+each tower's stored batch, replays the offending tower's (`replay_lib`) and
+appends one record to the worker's `skips.jsonl` (`core.skip_log`): step,
+worker, time, reason, towers (index, device, nonfinite, loss, example_ids,
+batch_hash, variables), replay, verdict, seconds. It logs one line and
+writes a TensorBoard text and scalar.
+
+Replays are rate-limited (`max_explained`, per run: a skip streak must not
+turn the run into a replay loop); a skip past the limit still gets its
+record, with the stored batch but no replay. Each explained skip also saves
+what `//:replay` needs to re-run it offline: `<train_dir>/skips/step-N/`
+(a checkpoint of the state the step saw, its batches, the run's params).
+
+The hook must run before the checkpoint saver's `after_run` (train_lib
+passes it as a first hook): a checkpoint covering the step is then written
+only after its record, so a SIGKILL in between loses nothing (the restart
+re-runs the step and its skip appends again; `skip_log` keeps one).
+"""
+
+import collections
+import json
+import os
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import batch_store
+from tf1_safe_train.trainer import replay_lib
+
+tf1 = tf.compat.v1
+
+SKIPS_DIR = "skips"
+BATCH_FILE = "batch.npz"
+PARAMS_FILE = "params.json"
+CHECKPOINT_PREFIX = "state"
+NOT_EXPLAINED = "not explained: --max_explained_skips reached"
+OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
+            "not replayed")
+LOSS_SCALE_FLOOR = 1.0  # The dynamic loss scale's (hooks.SkipReportHook's).
+
+
+def skip_dir(train_dir, step, worker=0):
+  """Where an explained skip's state is saved."""
+  name = "step-%d" % step if worker == 0 else "worker%d-step-%d" % (worker,
+                                                                     step)
+  return os.path.join(train_dir, SKIPS_DIR, name)
+
+
+def save_batches(directory, batches):
+  """Writes every tower's (images, labels, ids) to `batch.npz`."""
+  arrays = {}
+  for tower, (images, labels, ids) in enumerate(batches):
+    arrays.update({"images_%d" % tower: images, "labels_%d" % tower: labels,
+                   "ids_%d" % tower: ids})
+  np.savez(os.path.join(directory, BATCH_FILE), **arrays)
+
+
+def load_batches(directory):
+  """The towers' (images, labels, ids) saved by `save_batches`."""
+  with np.load(os.path.join(directory, BATCH_FILE)) as arrays:
+    towers = sum(1 for k in arrays.files if k.startswith("images_"))
+    return [tuple(arrays["%s_%d" % (k, t)] for k in ("images", "labels",
+                                                      "ids"))
+            for t in range(towers)]
+
+
+class ForensicsHook(core_hooks.GatedHook):
+  """Records, replays and classifies every skipped step of this worker."""
+
+  def __init__(self, step, params, worker=0, max_explained=10,
+               summary_dir=None, describe_id=str):
+    """Creates the hook.
+
+    Args:
+      step: the run's `train_step.Step` (its `forensics`, report, applied).
+      params: the run's `params.TrainParams` (saved with each skip).
+      worker: this worker's index (its own log and skip directories).
+      max_explained: replays this run at most (0: none, records only).
+      summary_dir: if set, TensorBoard gets each explained skip there.
+      describe_id: example id -> its human name (`data.describe_id`).
+    """
+    self._forensics = step.forensics
+    report = step.report
+    self._fetches = {"step": step.step_index, "applied": step.applied,
+                     "towers": report.tower_flags,
+                     "average": report.average_flags,
+                     "losses": [t.loss for t in self._forensics.towers]}
+    if step.loss_scale_before is not None:
+      self._fetches["scale"] = step.loss_scale_before
+    self._names = list(report.variable_names)
+    self._devices = list(report.tower_devices)
+    self._params = params
+    self._worker = worker
+    self._max_explained = max_explained
+    self._summary_dir = summary_dir
+    self._describe_id = describe_id
+    self.records = 0
+    self.explained = 0
+    self.replay_seconds = []
+    self.verdicts = collections.Counter()
+    self.suspect_devices = collections.Counter()
+
+  def after_run(self, run_context, run_values):
+    if not self._fetched or run_values.results["applied"]:
+      return
+    started = time.time()
+    results = run_values.results
+    session = run_context.session
+    step = int(results["step"])
+    batches = [self._forensics.store.read(session, t)
+               for t in range(self._forensics.store.num_towers)]
+    flags = [bool(f) for f in np.reshape(results["towers"], [-1])]
+    record = {"step": step, "worker": self._worker, "time": time.time(),
+              "reason": "nonfinite",
+              "towers": self._towers(results, flags, batches)}
+    scale = float(results["scale"]) if "scale" in results else None
+    if scale is not None:
+      record["loss_scale"] = scale
+    offending = [t for t, f in enumerate(flags) if f]
+    if scale is not None and scale > LOSS_SCALE_FLOOR:
+      # fp16: the scale halves and the step is retried on other data; a
+      # replay would reproduce the overflow and exclude good examples.
+      record["verdict"] = OVERFLOW % core_hooks.format_scale(scale)
+      text = "step %d: %s" % (step, record["verdict"])
+    elif not offending:
+      # E.g. sync replicas: another worker's gradients were non-finite.
+      record["verdict"] = "no tower of this worker was non-finite"
+      text = "step %d: %s" % (step, record["verdict"])
+    elif self.explained >= self._max_explained:
+      record["verdict"] = NOT_EXPLAINED
+      text = "step %d tower %d: %s" % (step, offending[0], NOT_EXPLAINED)
+    else:
+      self.explained += 1
+      explained = replay_lib.explain(session, self._forensics, offending[0],
+                                     batches[offending[0]], scale)
+      record.update(explained)
+      replayed = record["replay"]
+      replayed["input_examples"] = [self._name(i)
+                                    for i in replayed["input_ids"]]
+      record["replay_seconds"] = record.pop("seconds")
+      record["state_dir"] = os.path.relpath(
+          self._save_state(session, step, batches, scale),
+          self._params.train_dir)
+      self.replay_seconds.append(record["replay_seconds"])
+      self.verdicts["reproducible" if explained["reproduced"]
+                    else "not_reproducible"] += 1
+      if explained["suspect_device"]:
+        self.suspect_devices[explained["suspect_device"]] += 1
+      text = replay_lib.line(step, explained)
+    record["seconds"] = round(time.time() - started, 4)
+    # Before the checkpoint saver's after_run: see the module doc.
+    skip_log.append(skip_log.path(self._params.train_dir, self._worker),
+                    record)
+    self.records += 1
+    logging.warning("%s", text)
+    self._summarize(step, text, "replay" in record and not record["replay"][
+        "finite"], record["seconds"])
+
+  def _name(self, example_id):
+    """The example's name; its id if the source cannot name it (a skip's
+    explanation never ends the run)."""
+    try:
+      return self._describe_id(example_id)
+    except ValueError:
+      return str(example_id)
+
+  def _towers(self, results, flags, batches):
+    """The record's per-tower entries."""
+    # A NaN/Inf of any tower survives averaging: the decision's variables
+    # are those of the flagged towers.
+    variables = [n for n, f in zip(self._names, results["average"]) if f]
+    return [{"index": t, "device": self._devices[t], "nonfinite": flags[t],
+             "loss": float(results["losses"][t]),
+             "example_ids": [int(i) for i in ids],
+             "batch_hash": batch_store.batch_hash(images, labels),
+             "variables": variables if flags[t] else []}
+            for t, (images, labels, ids) in enumerate(batches)]
+
+  def _save_state(self, session, step, batches, scale):
+    """Saves the state the step saw (exact: a skip moves nothing)."""
+    directory = skip_dir(self._params.train_dir, step, self._worker)
+    os.makedirs(directory, exist_ok=True)
+    save_batches(directory, batches)
+    with open(os.path.join(directory, PARAMS_FILE), "w") as f:
+      json.dump({"params": self._params.to_dict(), "step": step,
+                 "worker": self._worker, "loss_scale": scale}, f, indent=2,
+                sort_keys=True)
+    self._forensics.saver.save(
+        session, os.path.join(directory, CHECKPOINT_PREFIX),
+        write_meta_graph=False, write_state=False)
+    return directory
+
+  def _summarize(self, step, text, reproduced, seconds):
+    if not self._summary_dir:
+      return
+    writer = tf1.summary.FileWriterCache.get(self._summary_dir)
+    text_value = tf1.Summary.Value(tag="skips/explained")
+    text_value.metadata.plugin_data.plugin_name = "text"
+    text_value.tensor.CopyFrom(tf.make_tensor_proto(np.array(text.encode())))
+    writer.add_summary(tf1.Summary(value=[
+        text_value,
+        tf1.Summary.Value(tag="skips/reproduced",
+                          simple_value=float(reproduced)),
+        tf1.Summary.Value(tag="skips/explain_seconds",
+                          simple_value=seconds)]), step)
+
+  def summary(self):
+    """The run summary's "forensics" fields of this worker."""
+    seconds = self.replay_seconds
+    return {
+        "skip_records": self.records, "explained_skips": self.explained,
+        "verdicts": dict(self.verdicts),
+        "suspect_devices": dict(self.suspect_devices),
+        "replay_seconds_mean": (round(sum(seconds) / len(seconds), 4)
+                                if seconds else None),
+        "replay_seconds_max": max(seconds) if seconds else None}
+
+
+def totals(train_dir):
+  """Counts over every worker's records in `train_dir` (all runs): the
+  chief's run summary merges the workers' logs this way."""
+  verdicts, devices = collections.Counter(), collections.Counter()
+  try:
+    records = skip_log.read_all(train_dir)
+  except skip_log.SkipLogError as e:  # Reported, not fatal: the run is over.
+    return {"all_records_error": str(e)}
+  for record in records:
+    if "reproduced" in record:
+      verdicts["reproducible" if record["reproduced"]
+               else "not_reproducible"] += 1
+    if record.get("suspect_device"):
+      devices[record["suspect_device"]] += 1
+  return {"all_records": len(records), "all_verdicts": dict(verdicts),
+          "suspect_devices_all_runs": dict(devices)}

@@ -1,0 +1,62 @@
+"""The towers' input: batches with example ids, each kept for a skip.
+
+`TowerInput` makes the run's input pipeline (with example ids, without the
+excluded examples) and, per tower, reads a batch, applies the input drill
+and stores the batch as the model reads it (`batch_store`), all on the
+input's device, so keeping the batch copies nothing across devices.
+"""
+
+import tensorflow as tf
+
+from tf1_safe_train import data
+from tf1_safe_train.trainer import batch_store
+
+tf1 = tf.compat.v1
+
+INPUT_DEVICE = "/device:CPU:0"
+
+
+def _iterator(params, worker_index, dataset_fn, exclude_ids):
+  """The iterator of (images, labels, example ids) batches."""
+  with tf.device(INPUT_DEVICE), tf1.name_scope("input"):
+    # Each worker of a cluster shuffles its own way (worker 0 as alone).
+    seed = params.seed + worker_index
+    if dataset_fn is None:
+      dataset = data.get_dataset(params.dataset, "train", params.batch_size,
+                                 data_dir=params.data_dir, seed=seed,
+                                 with_ids=True, exclude_ids=exclude_ids)
+    else:
+      dataset = data.exclude(data.with_ids(dataset_fn(params.batch_size,
+                                                       seed)),
+                             exclude_ids, params.batch_size)
+    return tf1.data.make_one_shot_iterator(dataset)
+
+
+class TowerInput(object):
+  """The input of a worker's towers and the store of their last batches.
+
+  Attributes:
+    store: the `batch_store.BatchStore`.
+    writes: the store's write op of each tower read so far (group them into
+      the train op).
+  """
+
+  def __init__(self, params, worker_index, num_towers, dataset_fn=None,
+               exclude_ids=()):
+    self._iterator = _iterator(params, worker_index, dataset_fn, exclude_ids)
+    with tf.device(INPUT_DEVICE):
+      self.store = batch_store.BatchStore(self._iterator.element_spec,
+                                          num_towers)
+    self.writes = []
+
+  def read(self, tower, tower_drill):
+    """Tower `tower`'s (images, labels), as its model reads them.
+
+    The input drill poisons the batch here: it models data, so the store
+    (and a replay) keep the poisoned batch.
+    """
+    with tf.device(INPUT_DEVICE):
+      images, labels, ids = self._iterator.get_next()
+      images = tower_drill.input(images)
+      self.writes.append(self.store.write(tower, images, labels, ids))
+    return images, labels
