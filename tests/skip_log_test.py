@@ -2,6 +2,8 @@
 
 import os
 
+import numpy as np
+
 import tensorflow as tf
 
 from tf1_safe_train.core import skip_log
@@ -17,10 +19,12 @@ class SkipLogTest(tf.test.TestCase):
   def testAppendThenReadInStepOrder(self):
     path = skip_log.path(self.get_temp_dir())
     skip_log.append(path, _record(7))
-    skip_log.append(path, _record(3, loss=float("nan")))
+    skip_log.append(path, _record(3, loss=np.float32("nan"),
+                                  ids=np.array([4, 5], np.int64)))
     records = skip_log.read(path)
     self.assertEqual([3, 7], [r["step"] for r in records])
     self.assertIsNone(records[0]["loss"])  # Strict JSON: NaN as null.
+    self.assertEqual([4, 5], records[0]["ids"])
 
   def testRerunStepKeepsTheLastRecord(self):
     path = skip_log.path(self.get_temp_dir())

@@ -46,9 +46,7 @@ def _clean(value):
     return {str(k): _clean(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
     return [_clean(v) for v in value]
-  if hasattr(value, "item") and callable(value.item):  # NumPy scalars.
-    return _clean(value.item())
-  if hasattr(value, "tolist") and callable(value.tolist):  # NumPy arrays.
+  if hasattr(value, "tolist") and callable(value.tolist):  # NumPy values.
     return _clean(value.tolist())
   return value
 
