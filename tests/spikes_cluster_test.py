@@ -70,6 +70,7 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
       self.assertEqual(_kill_leftovers(train_dir), [],
                        "processes left running")
     self.assertEqual(process.returncode, 0, err[-3000:])
+    self._log = err
     with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
       return train_dir, json.load(f)
 
@@ -99,9 +100,15 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
         "--inject_nonfinite=scale1e4@10-/0,scale1e4@10-/1")
     self.assertGreater(summary["spike_skips"], 0)
     self.assertGreaterEqual(summary["applied_steps"], 10)
-    self.assertEqual(summary["nonfinite_skips"], 0)
+    # Every skip is a spike; none is non-finite.
+    self.assertNotIn("non-finite", self._log)
+    # The chief reads the shared counters while the other worker may be
+    # inside a skip (skipped_steps counted, spike_skips not yet): async
+    # counts are a snapshot, off by at most that worker's step (seen on a
+    # loaded machine). nonfinite_skips is skipped_steps - spike_skips.
+    self.assertIn(summary["nonfinite_skips"], (0, 1))
     values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
-    self.assertEqual(values["spike_skips"], summary["spike_skips"])
+    self.assertIn(values["skipped_steps"] - values["spike_skips"], (0, 1))
     self.assertTrue(all(np.isfinite(v).all() for v in values.values()
                         if np.issubdtype(np.asarray(v).dtype, np.floating)))
 
