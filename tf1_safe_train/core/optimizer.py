@@ -29,7 +29,8 @@ tf1 = tf.compat.v1
 GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
-class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
+class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
+                             per_device.PerDeviceSteps, tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 
   What is protected on a skipped step: every variable the wrapped optimizer
@@ -174,44 +175,6 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying, tf1.train.Optimizer):
       towers, devices = step_report.tower_flags(grads_and_vars,
                                                 tower_grads_and_vars)
     self._set_report(result, global_step, towers, devices)
-    return result.train_op
-
-  def apply_gradients_per_device(self, grads_and_vars_per_device,
-                                 global_step=None, name=None, optimizers=None):
-    """One step over several devices' variable copies: one decision, one count.
-
-    For scripts that keep a copy of the variables per device and apply each
-    device's (all-reduced) gradients to its own copy: calling
-    `apply_gradients` once per device would build one step per device, each
-    deciding alone and each counted. Here every device's gradients are
-    checked together, one `tf.cond` applies all updates or none, and the
-    counters move once. Each device's update is built by its own optimizer
-    (the wrapped one by default), which places it on its variables' device.
-
-    Args:
-      grads_and_vars_per_device: one list of (gradient, variable) pairs per
-        device.
-      global_step: optional variable, advanced once per step.
-      name: optional name for the wrapped optimizers' update ops.
-      optimizers: optional `tf.compat.v1.train.Optimizer` per device (e.g.
-        one instance per device, as the script had); default: the wrapped
-        optimizer for every device.
-
-    Returns:
-      The step's train op.
-
-    Raises:
-      ValueError: if `optimizers` does not give one optimizer per device.
-    """
-    groups = [tuple(g) for g in grads_and_vars_per_device]
-    optimizers = per_device.check_optimizers(
-        optimizers, len(groups), self._optimizer)
-    result = self._build_step(
-        tuple(pair for group in groups for pair in group), global_step,
-        per_device.apply_fn(optimizers, groups, name),
-        list(zip(optimizers, groups)))
-    self._set_report(result, global_step,
-                     *per_device.report_rows(result, groups))
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,

@@ -1,8 +1,8 @@
 """One guarded step over several devices' variable copies.
 
-What `SkipNonFiniteOptimizer.apply_gradients_per_device` builds inside its
-one decision: each device's update by its own optimizer, and the report's
-per-device rows.
+`SkipNonFiniteOptimizer.apply_gradients_per_device` (the `PerDeviceSteps`
+mixin) and what it builds inside its one decision: each device's update by
+its own optimizer, and the report's per-device rows.
 """
 
 import tensorflow as tf
@@ -52,3 +52,46 @@ def report_rows(result, groups):
                    for group in groups]
   return (step_report.segment_flags(result.nonfinite_flags, checked_sizes),
           [step_report.device_of(group) for group in groups])
+
+
+class PerDeviceSteps(object):
+  """`SkipNonFiniteOptimizer.apply_gradients_per_device`.
+
+  The wrapper provides `_optimizer`, `_build_step` and `_set_report`.
+  """
+
+  def apply_gradients_per_device(self, grads_and_vars_per_device,
+                                 global_step=None, name=None, optimizers=None):
+    """One step over several devices' variable copies: one decision, one count.
+
+    For scripts that keep a copy of the variables per device and apply each
+    device's (all-reduced) gradients to its own copy: calling
+    `apply_gradients` once per device would build one step per device, each
+    deciding alone and each counted. Here every device's gradients are
+    checked together, one `tf.cond` applies all updates or none, and the
+    counters move once. Each device's update is built by its own optimizer
+    (the wrapped one by default), which places it on its variables' device.
+
+    Args:
+      grads_and_vars_per_device: one list of (gradient, variable) pairs per
+        device.
+      global_step: optional variable, advanced once per step.
+      name: optional name for the wrapped optimizers' update ops.
+      optimizers: optional `tf.compat.v1.train.Optimizer` per device (e.g.
+        one instance per device, as the script had); default: the wrapped
+        optimizer for every device.
+
+    Returns:
+      The step's train op.
+
+    Raises:
+      ValueError: if `optimizers` does not give one optimizer per device.
+    """
+    groups = [tuple(g) for g in grads_and_vars_per_device]
+    optimizers = check_optimizers(optimizers, len(groups), self._optimizer)
+    result = self._build_step(
+        tuple(pair for group in groups for pair in group), global_step,
+        apply_fn(optimizers, groups, name),
+        list(zip(optimizers, groups)))
+    self._set_report(result, global_step, *report_rows(result, groups))
+    return result.train_op

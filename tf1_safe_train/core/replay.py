@@ -5,8 +5,9 @@ and labels; its loss and gradients): one bool per op between them, in
 topological order, True when every floating-point output of the op is
 all-finite. `Probe.run` feeds a recorded batch and fetches that vector and
 the inputs' non-finite rows in one `session.run`; `describe` turns the
-`Finding` into one line. A skipped step leaves the weights as it saw them,
-so replaying its batch right after the skip recomputes what the step saw.
+`Finding` into one line (both in `replay_finding`, importable from here). A
+skipped step leaves the weights as it saw them, so replaying its batch right
+after the skip recomputes what the step saw.
 
 Finiteness is tested with `is_finite` reductions, never `check_numerics`
 (which raises, and whose `add_check_numerics_ops` refuses graphs with
@@ -31,8 +32,6 @@ machine shared, load 5 to 6), since it runs the forward and backward passes
 plus the checks, and no update.
 """
 
-import collections
-import re
 import time
 
 from absl import logging
@@ -40,38 +39,16 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import op_walk
+from tf1_safe_train.core import replay_finding
 
 tf1 = tf.compat.v1
 
+# What a replay found, and its line (kept importable from here).
+Finding = replay_finding.Finding
+describe = replay_finding.describe
+as_record = replay_finding.as_record
+phase_of = replay_finding.phase_of
 
-class Finding(collections.namedtuple("Finding", [
-    "finite", "nonfinite_inputs", "first_op", "phase", "nonfinite_outputs",
-    "ops_checked", "ops_not_checked", "seconds"
-])):
-  """What one replay found; `str()` is its `describe` line.
-
-  Attributes:
-    finite: True if every probed value, input and output was finite.
-    nonfinite_inputs: {input tensor name: [row indices along axis 0 holding a
-      NaN or an Inf]}, only for fed inputs with such rows.
-    first_op: name of the first op (topological order) with a non-finite
-      floating-point output, or None.
-    phase: "forward", or "backward" when `first_op` was built by
-      `tf.gradients` (a `gradients` name scope); None without `first_op`.
-    nonfinite_outputs: names of the outputs that were not all-finite.
-    ops_checked: how many ops were probed.
-    ops_not_checked: how many ops between the inputs and the outputs could
-      not be fetched from outside (in a v1 cond or loop, in a function body).
-    seconds: wall time of the replay's `session.run`.
-  """
-  __slots__ = ()
-
-  def __str__(self):
-    return describe(self)
-
-
-# A name scope component of tf.gradients: "gradients", "gradients_1", ...
-_GRADIENTS_SCOPE = re.compile(r"^gradients(_\d+)?$")
 # Op types that write a variable (a replay running them changes the model),
 # and the prefixes of the optimizers' update ops.
 _WRITE_OP_TYPES = frozenset([
@@ -84,16 +61,6 @@ _WRITE_PREFIXES = ("Apply", "ResourceApply", "SparseApply",
 # Op types that consume an input pipeline's next element.
 _ITERATOR_OP_TYPES = frozenset(["IteratorGetNext", "IteratorGetNextSync",
                                 "IteratorGetNextAsOptional"])
-# How many rows or ids `describe` lists before "+N more".
-_MAX_SHOWN = 10
-
-
-def phase_of(op_name):
-  """'backward' if `op_name` is in a tf.gradients name scope, else 'forward'."""
-  scopes = op_name.split("/")[:-1]
-  if any(_GRADIENTS_SCOPE.match(s) for s in scopes):
-    return "backward"
-  return "forward"
 
 
 def _values(tensor):
@@ -249,55 +216,3 @@ class Probe(object):
         ops_checked=self.ops_checked,
         ops_not_checked=self.ops_not_checked,
         seconds=seconds)
-
-
-def _shown(values):
-  values = list(values)
-  text = ", ".join(str(v) for v in values[:_MAX_SHOWN])
-  if len(values) > _MAX_SHOWN:
-    text += ", ... (+%d more)" % (len(values) - _MAX_SHOWN)
-  return "[%s]" % text
-
-
-def describe(finding, example_ids=None):
-  """One line for a `Finding`.
-
-  E.g. "input finite; first non-finite: tower_1/small_cnn/conv2/Relu
-  (forward)", "input holds NaN/Inf: rows [3, 4] (examples [4711, 4712]);
-  first non-finite: ...", "finite on replay".
-
-  Args:
-    finding: a `Finding`.
-    example_ids: optional ids of the batch's examples, by row.
-  """
-  if finding.finite:
-    return "finite on replay"
-  if finding.nonfinite_inputs:
-    by_input = finding.nonfinite_inputs
-    if len(by_input) == 1:
-      line = "input holds NaN/Inf: rows %s" % _shown(*by_input.values())
-    else:
-      line = "input holds NaN/Inf: %s" % ", ".join(
-          "%s rows %s" % (n, _shown(r)) for n, r in by_input.items())
-    if example_ids is not None:
-      rows = sorted({r for rows in by_input.values() for r in rows})
-      ids = [example_ids[r] for r in rows if r < len(example_ids)]
-      line += " (examples %s)" % _shown(int(i) if isinstance(
-          i, (int, np.integer)) else i for i in ids)
-  else:
-    line = "input finite"
-  if finding.first_op:
-    line += "; first non-finite: %s (%s)" % (finding.first_op, finding.phase)
-  elif finding.nonfinite_outputs:
-    line += ("; first non-finite: not among the %d probed ops (%d not "
-             "checked); outputs: %s" % (finding.ops_checked,
-                                         finding.ops_not_checked,
-                                         ", ".join(finding.nonfinite_outputs)))
-  return line
-
-
-def as_record(finding, example_ids=None):
-  """A `Finding` as a JSON-ready dict (for skips.jsonl), with its line."""
-  record = finding._asdict()
-  record["summary"] = describe(finding, example_ids)
-  return record

@@ -1,171 +1,33 @@
 """In-graph injection of NaN/Inf for drills of the skip machinery.
 
-A spec such as 'nan@100:1,inf%0.01' parses into immutable `Rule`s saying which
-(step, tower, worker) to poison with which value; `active_value` evaluates them
-in the graph and `poison` applies them, with an exact pure-Python twin
-(`is_active`, `expected_injections`) so tests can count injections exactly.
-
-Spec grammar (comma-separated items, whitespace around items ignored):
-  KIND@STEPS[:TOWER][/WORKER]   STEPS is N, N-M (inclusive) or N- (for ever)
-  KIND%PROB[:TOWER][/WORKER]    PROB is a per-step probability in (0, 1]
-KIND is nan, inf or -inf, or scaleF (F a finite factor > 0, e.g. scale1e4:
-a finite spike, multiplying instead of replacing); TOWER and WORKER default
-to 0. A step is the value of global_step when the step runs (the first step
-of a fresh run is 0).
+The `Rule`s of a parsed spec (`injection_spec`: 'nan@100:1,inf%0.01') say
+which (step, tower, worker) to poison with which value; `active_value`
+evaluates them in the graph and `poison` applies them, with an exact
+pure-Python twin (`is_active`, `expected_injections`) so tests can count
+injections exactly. A probability rule draws from a counter-based generator
+keyed by the seed and the rule's index, the same in the graph and in Python.
 """
-
-import collections
-import math
-import re
 
 import tensorflow as tf
 
+from tf1_safe_train.trainer import injection_spec
+
 tf1 = tf.compat.v1
 
-# One float object per kind, so that equal Rules compare equal despite NaN.
-_VALUES = {'nan': math.nan, 'inf': math.inf, '-inf': -math.inf}
-_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# The spec's names, kept importable from here.
+InjectionSpecError = injection_spec.InjectionSpecError
+Rule = injection_spec.Rule
+is_scale = injection_spec.is_scale
+parse_spec = injection_spec.parse_spec
+validate = injection_spec.validate
 
-_SCALE_RE = re.compile(r'^scale([0-9.]+(?:e[-+]?[0-9]+)?)$')
-_ITEM_RE = re.compile(r'^(?P<kind>[^@%]*)(?P<sep>[@%])(?P<arg>[^:/]*)'
-                      r'(?::(?P<tower>[^/]*))?(?:/(?P<worker>.*))?$')
-_STEPS_RE = re.compile(r'^([0-9]+)(?:(-)([0-9]*))?$')
-_INDEX_RE = re.compile(r'^[0-9]+$')
+_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 # splitmix64 (Steele et al., 2014): a counter-based generator made of uint64
 # add/multiply/xor/shift, which graph ops and Python ints compute identically.
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
 _MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB))
-
-
-class InjectionSpecError(ValueError):
-  """A --inject_nonfinite spec or rule is invalid; the message is one line."""
-
-
-class Rule(collections.namedtuple(
-    'Rule', 'kind value first_step last_step prob tower worker')):
-  """One injection rule.
-
-  Attributes:
-    kind: 'nan', 'inf', '-inf' or 'scale<F>'.
-    value: the float written (nan, inf or -inf), or the factor F.
-    first_step: first global step poisoned (0 for probability rules).
-    last_step: last global step poisoned, inclusive; None for ever.
-    prob: per-step probability in (0, 1], or None for step rules.
-    tower: tower index poisoned.
-    worker: worker (task) index poisoned.
-  """
-  __slots__ = ()
-
-  def __str__(self):
-    if self.prob is not None:
-      when = '%%%r' % self.prob
-    elif self.last_step == self.first_step:
-      when = '@%d' % self.first_step
-    else:
-      when = '@%d-%s' % (self.first_step,
-                         '' if self.last_step is None else self.last_step)
-    return '%s%s:%d/%d' % (self.kind, when, self.tower, self.worker)
-
-
-def _parse_item(item):
-  """Parses one stripped, non-empty spec item into a Rule."""
-
-  def fail(what):
-    raise InjectionSpecError('--inject_nonfinite item %r: %s' % (item, what))
-
-  match = _ITEM_RE.match(item)
-  if not match:
-    fail('expected KIND@STEPS[:TOWER][/WORKER] or KIND%PROB[:TOWER][/WORKER]')
-  kind = match.group('kind').strip().lower()
-  scale = _SCALE_RE.match(kind)
-  factor = float(scale.group(1)) if scale else None
-  if scale and not 0 < factor < math.inf:
-    fail('scale factor must be a finite number > 0, got %r' % scale.group(1))
-  if kind not in _VALUES and not scale:
-    fail('KIND must be nan, inf, -inf or scaleF (e.g. scale1e4), got %r' %
-         match.group('kind').strip())
-  arg = match.group('arg').strip()
-  prob, last = None, None
-  if match.group('sep') == '@':
-    steps = _STEPS_RE.match(arg)
-    if not steps:
-      fail('STEPS must be N, N-M or N-, got %r' % arg)
-    first = int(steps.group(1))
-    if not steps.group(2):
-      last = first
-    elif steps.group(3):
-      last = int(steps.group(3))
-      if last < first:
-        fail('STEPS range %r is empty (M < N)' % arg)
-    if max(first, last or 0) >= 2**63:
-      fail('STEPS must be below 2**63 (int64 global_step), got %r' % arg)
-  else:
-    first = 0
-    try:
-      prob = float(arg)
-    except ValueError:
-      prob = None
-    if prob is None or not 0.0 < prob <= 1.0:  # Also rejects 'nan'.
-      fail('PROB must be a number in (0, 1], got %r' % arg)
-  indices = []
-  for name in ('tower', 'worker'):
-    text = match.group(name)
-    text = '0' if text is None else text.strip()
-    if not _INDEX_RE.match(text):
-      fail('%s must be a non-negative integer, got %r' % (name.upper(), text))
-    indices.append(int(text))
-  return Rule(kind, factor if scale else _VALUES[kind], first, last, prob,
-              indices[0], indices[1])
-
-
-def is_scale(rule):
-  """True for a finite scale rule (scaleF), False for nan/inf/-inf."""
-  return rule.kind.startswith('scale')
-
-
-def parse_spec(spec):
-  """Parses a --inject_nonfinite spec.
-
-  Args:
-    spec: the spec string; '' or None means no rules. A trailing or doubled
-      comma is an error (it usually hides a typo).
-
-  Returns:
-    A tuple of `Rule`s in spec order (earlier rules win on overlap).
-
-  Raises:
-    InjectionSpecError: naming the offending item and what is wrong.
-  """
-  if spec is not None and not isinstance(spec, str):
-    raise InjectionSpecError('--inject_nonfinite must be a string, got %r' %
-                             (spec,))
-  if spec is None or not spec.strip():
-    return ()
-  rules = []
-  for n, item in enumerate(spec.split(','), 1):
-    item = item.strip()
-    if not item:
-      raise InjectionSpecError('--inject_nonfinite item %d of %r is empty '
-                               '(stray comma?)' % (n, spec))
-    rules.append(_parse_item(item))
-  return tuple(rules)
-
-
-def validate(rules, num_towers, num_workers=1):
-  """Checks that every `Rule` names an existing tower and worker.
-
-  Raises:
-    InjectionSpecError: for the first rule out of range.
-  """
-  for rule in rules:
-    for name, index, count in (('TOWER', rule.tower, num_towers),
-                               ('WORKER', rule.worker, num_workers)):
-      if index >= count:
-        raise InjectionSpecError(
-            '--inject_nonfinite item %r: %s %d out of range, there are %d '
-            '(0..%d)' % (str(rule), name, index, count, count - 1))
 
 
 def _mix64(z):

@@ -3,104 +3,27 @@
 The binaries' `main` modules turn their flags into these; library code and
 tests build them directly (`TrainParams(model="resnet20", max_steps=3)`).
 Every field has a default; `validate()` raises `ParamsError` naming the bad
-value.
+value (the checks are in `param_validation`).
 """
 
 import dataclasses
-import math
 
-from tf1_safe_train.core import checks
 from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import param_validation
 
-MODELS = ("small_cnn", "resnet20")
-PRECISIONS = ("fp32", "fp16", "bf16")
-DATASETS = ("synthetic", "cifar10")
-DEVICES = ("gpu", "cpu")
-OPTIMIZERS = ("momentum", "sgd", "adam", "rmsprop")
-LR_SCHEDULES = ("constant", "piecewise", "cosine")
-LR_STEPS = ("applied_steps", "global_step")
-INJECT_INTO = ("grads", "loss", "input")
-ON_PERSISTENT_SKIPS = ("stop", "rollback")
+# The values a choice field takes (kept importable from here).
+MODELS = param_validation.MODELS
+PRECISIONS = param_validation.PRECISIONS
+DATASETS = param_validation.DATASETS
+DEVICES = param_validation.DEVICES
+OPTIMIZERS = param_validation.OPTIMIZERS
+LR_SCHEDULES = param_validation.LR_SCHEDULES
+LR_STEPS = param_validation.LR_STEPS
+INJECT_INTO = param_validation.INJECT_INTO
+ON_PERSISTENT_SKIPS = param_validation.ON_PERSISTENT_SKIPS
+ParamsError = param_validation.ParamsError
 
 _param = flag_specs.param
-
-
-class ParamsError(ValueError):
-  """A parameter has a bad value; the message names it in one line."""
-
-
-def _check(condition, message, *args):
-  if not condition:
-    raise ParamsError(message % args)
-
-
-def _check_finite_floats(params):
-  """Every float field must be a finite number (NaN and +-Inf pass `> 0`).
-
-  An infinite learning rate, say, makes the first applied step write Inf and
-  NaN into the weights: the guard cannot skip that step (its gradients are
-  finite), so such values are refused here, before anything runs.
-  """
-  for field in dataclasses.fields(params):
-    value = getattr(params, field.name)
-    if field.type in (float, "float") and checks.is_number(value):
-      _check(math.isfinite(value), "--%s=%r: must be a finite number",
-             field.name, value)
-
-
-def _check_one_of(name, value, choices):
-  _check(value in choices, "--%s=%r: must be one of %s", name, value,
-         ", ".join(choices))
-
-
-def _check_model_and_data(params, data_files):
-  """Checks the fields training and evaluation share: where and what."""
-  _check(bool(params.train_dir), "--train_dir must not be empty")
-  _check_one_of("model", params.model, MODELS)
-  _check_one_of("dataset", params.dataset, DATASETS)
-  _check(params.dataset != "cifar10" or bool(params.data_dir),
-         "--dataset=cifar10 needs --data_dir (the folder of %s)", data_files)
-
-
-def _check_rollback(params):
-  _check_one_of("on_persistent_skips", params.on_persistent_skips,
-                ON_PERSISTENT_SKIPS)
-  _check(checks.is_int(params.rollback_min_applied_steps) and
-         params.rollback_min_applied_steps >= 0,
-         "--rollback_min_applied_steps=%r: must be an integer >= 0",
-         params.rollback_min_applied_steps)
-  _check(checks.is_int(params.max_rollbacks) and params.max_rollbacks >= 1,
-         "--max_rollbacks=%r: must be an integer >= 1", params.max_rollbacks)
-  _check(isinstance(params.rollback_halve_learning_rate, bool),
-         "--rollback_halve_learning_rate=%r: must be a boolean",
-         params.rollback_halve_learning_rate)
-  # A rollback is what a streak of --max_consecutive_skips triggers.
-  _check(params.on_persistent_skips != "rollback" or
-         params.max_consecutive_skips != 0,
-         "--on_persistent_skips=rollback needs --max_consecutive_skips >= 1 "
-         "(0 never ends a streak)")
-def _check_spikes(params):
-  _check(checks.is_number(params.skip_spikes_sigma) and
-         params.skip_spikes_sigma >= 0,
-         "--skip_spikes_sigma=%r: must be >= 0 (0 = off)",
-         params.skip_spikes_sigma)
-  for name in ("spike_warmup_steps", "spike_max_streak"):
-    value = getattr(params, name)
-    _check(checks.is_int(value) and value >= 1,
-           "--%s=%r: must be an integer >= 1", name, value)
-  _check(isinstance(params.skip_loss_spikes, bool),
-         "--skip_loss_spikes=%r: must be a boolean", params.skip_loss_spikes)
-  _check(not (params.skip_spikes_sigma and params.max_consecutive_skips) or
-         params.spike_max_streak < params.max_consecutive_skips,
-         "--spike_max_streak=%r: must be below --max_consecutive_skips=%r "
-         "(the run would give up before the spike detector re-warms)",
-         params.spike_max_streak, params.max_consecutive_skips)
-  _check(not params.skip_loss_spikes or params.skip_spikes_sigma > 0,
-         "--skip_loss_spikes needs --skip_spikes_sigma > 0")
-  # The chief decides on the aggregate gradients; no loss reaches it.
-  _check(not (params.skip_loss_spikes and params.sync_replicas),
-         "--skip_loss_spikes is not supported with --sync_replicas (the "
-         "chief decides on the aggregate gradients and sees no loss)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,64 +142,7 @@ class TrainParams(object):
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
-    _check_model_and_data(self, "data_batch_*.bin")
-    _check_finite_floats(self)
-    _check(checks.is_int(self.num_towers) and self.num_towers >= 1,
-           "--num_towers=%r: must be an integer >= 1", self.num_towers)
-    _check_one_of("device", self.device, DEVICES)
-    _check(checks.is_int(self.batch_size) and self.batch_size >= 1,
-           "--batch_size=%r: must be an integer >= 1 (per tower)",
-           self.batch_size)
-    _check_one_of("optimizer", self.optimizer, OPTIMIZERS)
-    _check(self.learning_rate > 0, "--learning_rate=%r: must be > 0",
-           self.learning_rate)
-    _check_one_of("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-    _check_one_of("lr_schedule_step", self.lr_schedule_step, LR_STEPS)
-    _check(self.weight_decay >= 0, "--weight_decay=%r: must be >= 0",
-           self.weight_decay)
-    _check(self.clip_gradient_norm >= 0,
-           "--clip_gradient_norm=%r: must be >= 0 (0 = off)",
-           self.clip_gradient_norm)
-    _check(0 <= self.moving_average_decay < 1,
-           "--moving_average_decay=%r: must be in [0, 1) (0 = off)",
-           self.moving_average_decay)
-    _check(checks.is_int(self.max_steps) and self.max_steps >= 1,
-           "--max_steps=%r: must be an integer >= 1", self.max_steps)
-    _check(checks.is_int(self.max_consecutive_skips) and
-           self.max_consecutive_skips >= 0,
-           "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
-           "give up)", self.max_consecutive_skips)
-    _check_rollback(self)
-    _check_spikes(self)
-    for name in ("save_checkpoints_steps", "save_summaries_steps",
-                 "log_every_n_steps"):
-      value = getattr(self, name)
-      _check(checks.is_int(value) and value >= 1,
-             "--%s=%r: must be an integer >= 1", name, value)
-    _check_one_of("inject_into", self.inject_into, INJECT_INTO)
-    _check(checks.is_int(self.seed), "--seed=%r: must be an integer", self.seed)
-    _check(checks.is_int(self.max_explained_skips) and
-           self.max_explained_skips >= 0,
-           "--max_explained_skips=%r: must be an integer >= 0",
-           self.max_explained_skips)
-    _check_one_of("precision", self.precision, PRECISIONS)
-    _check(1 <= self.initial_loss_scale <= 2.0**127,
-           "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",
-           self.initial_loss_scale)
-    _check(checks.is_int(self.loss_scale_growth_steps) and
-           self.loss_scale_growth_steps >= 1,
-           "--loss_scale_growth_steps=%r: must be an integer >= 1",
-           self.loss_scale_growth_steps)
-    _check(isinstance(self.sync_replicas, bool),
-           "--sync_replicas=%r: must be a boolean", self.sync_replicas)
-    # The sync token that releases the replicas carries global_step; a skip
-    # that did not advance it would leave every replica's gradients stale.
-    _check(not self.sync_replicas or self.increment_global_step_on_skip,
-           "--sync_replicas needs --increment_global_step_on_skip (the "
-           "replicas' sync tokens carry global_step)")
-    _check(checks.is_number(self.startup_timeout_secs) and
-           self.startup_timeout_secs > 0,
-           "--startup_timeout_secs=%r: must be > 0", self.startup_timeout_secs)
+    param_validation.check_train(self)
     return self
 
   def replace(self, **changes):
@@ -303,10 +169,5 @@ class EvalParams(object):
 
   def validate(self):
     """Returns self if every field is valid; raises ParamsError otherwise."""
-    _check_model_and_data(self, "test_batch.bin")
-    _check(checks.is_int(self.batch_size) and self.batch_size >= 1,
-           "--batch_size=%r: must be an integer >= 1", self.batch_size)
-    _check(checks.is_int(self.max_examples) and self.max_examples >= 0,
-           "--max_examples=%r: must be an integer >= 0 (0 = all)",
-           self.max_examples)
+    param_validation.check_eval(self)
     return self

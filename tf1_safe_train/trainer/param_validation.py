@@ -1,0 +1,174 @@
+"""What a valid `TrainParams` / `EvalParams` is: the checks `validate()` runs.
+
+Each check raises `ParamsError` with one line naming the flag and its bad
+value; the choice fields' allowed values are declared here too, and the
+fields themselves in `params`.
+"""
+
+import dataclasses
+import math
+
+from tf1_safe_train.core import checks
+
+MODELS = ("small_cnn", "resnet20")
+PRECISIONS = ("fp32", "fp16", "bf16")
+DATASETS = ("synthetic", "cifar10")
+DEVICES = ("gpu", "cpu")
+OPTIMIZERS = ("momentum", "sgd", "adam", "rmsprop")
+LR_SCHEDULES = ("constant", "piecewise", "cosine")
+LR_STEPS = ("applied_steps", "global_step")
+INJECT_INTO = ("grads", "loss", "input")
+ON_PERSISTENT_SKIPS = ("stop", "rollback")
+
+
+class ParamsError(ValueError):
+  """A parameter has a bad value; the message names it in one line."""
+
+
+def _check(condition, message, *args):
+  if not condition:
+    raise ParamsError(message % args)
+
+
+def _check_finite_floats(params):
+  """Every float field must be a finite number (NaN and +-Inf pass `> 0`).
+
+  An infinite learning rate, say, makes the first applied step write Inf and
+  NaN into the weights: the guard cannot skip that step (its gradients are
+  finite), so such values are refused here, before anything runs.
+  """
+  for field in dataclasses.fields(params):
+    value = getattr(params, field.name)
+    if field.type in (float, "float") and checks.is_number(value):
+      _check(math.isfinite(value), "--%s=%r: must be a finite number",
+             field.name, value)
+
+
+def _check_one_of(name, value, choices):
+  _check(value in choices, "--%s=%r: must be one of %s", name, value,
+         ", ".join(choices))
+
+
+def _check_model_and_data(params, data_files):
+  """Checks the fields training and evaluation share: where and what."""
+  _check(bool(params.train_dir), "--train_dir must not be empty")
+  _check_one_of("model", params.model, MODELS)
+  _check_one_of("dataset", params.dataset, DATASETS)
+  _check(params.dataset != "cifar10" or bool(params.data_dir),
+         "--dataset=cifar10 needs --data_dir (the folder of %s)", data_files)
+
+
+def _check_rollback(params):
+  _check_one_of("on_persistent_skips", params.on_persistent_skips,
+                ON_PERSISTENT_SKIPS)
+  _check(checks.is_int(params.rollback_min_applied_steps) and
+         params.rollback_min_applied_steps >= 0,
+         "--rollback_min_applied_steps=%r: must be an integer >= 0",
+         params.rollback_min_applied_steps)
+  _check(checks.is_int(params.max_rollbacks) and params.max_rollbacks >= 1,
+         "--max_rollbacks=%r: must be an integer >= 1", params.max_rollbacks)
+  _check(isinstance(params.rollback_halve_learning_rate, bool),
+         "--rollback_halve_learning_rate=%r: must be a boolean",
+         params.rollback_halve_learning_rate)
+  # A rollback is what a streak of --max_consecutive_skips triggers.
+  _check(params.on_persistent_skips != "rollback" or
+         params.max_consecutive_skips != 0,
+         "--on_persistent_skips=rollback needs --max_consecutive_skips >= 1 "
+         "(0 never ends a streak)")
+
+
+def _check_spikes(params):
+  _check(checks.is_number(params.skip_spikes_sigma) and
+         params.skip_spikes_sigma >= 0,
+         "--skip_spikes_sigma=%r: must be >= 0 (0 = off)",
+         params.skip_spikes_sigma)
+  for name in ("spike_warmup_steps", "spike_max_streak"):
+    value = getattr(params, name)
+    _check(checks.is_int(value) and value >= 1,
+           "--%s=%r: must be an integer >= 1", name, value)
+  _check(isinstance(params.skip_loss_spikes, bool),
+         "--skip_loss_spikes=%r: must be a boolean", params.skip_loss_spikes)
+  _check(not (params.skip_spikes_sigma and params.max_consecutive_skips) or
+         params.spike_max_streak < params.max_consecutive_skips,
+         "--spike_max_streak=%r: must be below --max_consecutive_skips=%r "
+         "(the run would give up before the spike detector re-warms)",
+         params.spike_max_streak, params.max_consecutive_skips)
+  _check(not params.skip_loss_spikes or params.skip_spikes_sigma > 0,
+         "--skip_loss_spikes needs --skip_spikes_sigma > 0")
+  # The chief decides on the aggregate gradients; no loss reaches it.
+  _check(not (params.skip_loss_spikes and params.sync_replicas),
+         "--skip_loss_spikes is not supported with --sync_replicas (the "
+         "chief decides on the aggregate gradients and sees no loss)")
+
+
+def check_train(params):
+  """Checks every field of a `TrainParams`; raises ParamsError naming one."""
+  _check_model_and_data(params, "data_batch_*.bin")
+  _check_finite_floats(params)
+  _check(checks.is_int(params.num_towers) and params.num_towers >= 1,
+         "--num_towers=%r: must be an integer >= 1", params.num_towers)
+  _check_one_of("device", params.device, DEVICES)
+  _check(checks.is_int(params.batch_size) and params.batch_size >= 1,
+         "--batch_size=%r: must be an integer >= 1 (per tower)",
+         params.batch_size)
+  _check_one_of("optimizer", params.optimizer, OPTIMIZERS)
+  _check(params.learning_rate > 0, "--learning_rate=%r: must be > 0",
+         params.learning_rate)
+  _check_one_of("lr_schedule", params.lr_schedule, LR_SCHEDULES)
+  _check_one_of("lr_schedule_step", params.lr_schedule_step, LR_STEPS)
+  _check(params.weight_decay >= 0, "--weight_decay=%r: must be >= 0",
+         params.weight_decay)
+  _check(params.clip_gradient_norm >= 0,
+         "--clip_gradient_norm=%r: must be >= 0 (0 = off)",
+         params.clip_gradient_norm)
+  _check(0 <= params.moving_average_decay < 1,
+         "--moving_average_decay=%r: must be in [0, 1) (0 = off)",
+         params.moving_average_decay)
+  _check(checks.is_int(params.max_steps) and params.max_steps >= 1,
+         "--max_steps=%r: must be an integer >= 1", params.max_steps)
+  _check(checks.is_int(params.max_consecutive_skips) and
+         params.max_consecutive_skips >= 0,
+         "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
+         "give up)", params.max_consecutive_skips)
+  _check_rollback(params)
+  _check_spikes(params)
+  for name in ("save_checkpoints_steps", "save_summaries_steps",
+               "log_every_n_steps"):
+    value = getattr(params, name)
+    _check(checks.is_int(value) and value >= 1,
+           "--%s=%r: must be an integer >= 1", name, value)
+  _check_one_of("inject_into", params.inject_into, INJECT_INTO)
+  _check(checks.is_int(params.seed), "--seed=%r: must be an integer",
+         params.seed)
+  _check(checks.is_int(params.max_explained_skips) and
+         params.max_explained_skips >= 0,
+         "--max_explained_skips=%r: must be an integer >= 0",
+         params.max_explained_skips)
+  _check_one_of("precision", params.precision, PRECISIONS)
+  _check(1 <= params.initial_loss_scale <= 2.0**127,
+         "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",
+         params.initial_loss_scale)
+  _check(checks.is_int(params.loss_scale_growth_steps) and
+         params.loss_scale_growth_steps >= 1,
+         "--loss_scale_growth_steps=%r: must be an integer >= 1",
+         params.loss_scale_growth_steps)
+  _check(isinstance(params.sync_replicas, bool),
+         "--sync_replicas=%r: must be a boolean", params.sync_replicas)
+  # The sync token that releases the replicas carries global_step; a skip
+  # that did not advance it would leave every replica's gradients stale.
+  _check(not params.sync_replicas or params.increment_global_step_on_skip,
+         "--sync_replicas needs --increment_global_step_on_skip (the "
+         "replicas' sync tokens carry global_step)")
+  _check(checks.is_number(params.startup_timeout_secs) and
+         params.startup_timeout_secs > 0,
+         "--startup_timeout_secs=%r: must be > 0", params.startup_timeout_secs)
+
+
+def check_eval(params):
+  """Checks every field of an `EvalParams`; raises ParamsError naming one."""
+  _check_model_and_data(params, "test_batch.bin")
+  _check(checks.is_int(params.batch_size) and params.batch_size >= 1,
+         "--batch_size=%r: must be an integer >= 1", params.batch_size)
+  _check(checks.is_int(params.max_examples) and params.max_examples >= 0,
+         "--max_examples=%r: must be an integer >= 0 (0 = all)",
+         params.max_examples)
