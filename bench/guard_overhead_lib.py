@@ -31,6 +31,7 @@ from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_step
 
@@ -41,7 +42,7 @@ CONTROL = "plain_control"
 # The six ways to run a step, in the table's order (the timing shuffles).
 VARIANTS = ("plain", "skip_nonfinite_optimizer", "guarded_trainer_step",
             "guarded_trainer_step_spikes", "loss_scale_optimizer",
-            "two_run_numpy")
+            "two_run_numpy", "skip_replay")
 LABELS = {
     "plain": "plain apply_gradients (no protection)",
     "skip_nonfinite_optimizer": "SkipNonFiniteOptimizer",
@@ -49,6 +50,8 @@ LABELS = {
     "guarded_trainer_step_spikes": "the same + --skip_spikes_sigma=6",
     "loss_scale_optimizer": "TF MixedPrecisionLossScaleOptimizer (dynamic)",
     "two_run_numpy": "two session.run + NumPy check",
+    # Not a step: what explaining one skip costs (`replay_lib.explain`).
+    "skip_replay": "one skip's replay (trainer forensics; not a step)",
     "plain_control": "plain again (A/A control: noise floor)",
 }
 MOMENTUM = 0.9
@@ -202,8 +205,8 @@ def _build_skip_nonfinite(model, images, labels, learning_rate):
   return train_op, _no_skips()
 
 
-def _build_trainer(model, images, labels, learning_rate, **spikes):
-  """Variant 3: `train_step.build_step` with one CPU tower."""
+def _trainer_step(model, images, labels, learning_rate, **spikes):
+  """`train_step.build_step` with one CPU tower: its `Step`."""
   params = params_lib.TrainParams(
       model=model, num_towers=1, device="cpu", batch_size=len(images),
       optimizer="momentum", learning_rate=learning_rate,
@@ -213,7 +216,22 @@ def _build_trainer(model, images, labels, learning_rate, **spikes):
       params, replication.Local(params, towers.TowerConfig(1, "cpu")),
       dataset_fn=lambda unused_batch_size, unused_seed: _fixed_dataset(
           images, labels))
-  return graph.train_op, _no_skips()
+  return graph
+
+
+def _build_trainer(model, images, labels, learning_rate, **spikes):
+  """Variant 3: `train_step.build_step` with one CPU tower."""
+  return _trainer_step(model, images, labels, learning_rate,
+                       **spikes).train_op, _no_skips()
+
+
+def _build_replay(model, images, labels, learning_rate):
+  """Row 6: one skip's explanation, as the trainer's forensics hook runs it
+  (the stored batch replayed with every float value checked, on the one
+  tower: `replay_lib.explain`), timed like a step (the table's ratio is a
+  replay's time against a plain step's)."""
+  step = _trainer_step(model, images, labels, learning_rate)
+  return (step.train_op, step.forensics), None
 
 
 def _build_trainer_spikes(model, images, labels, learning_rate):
@@ -265,6 +283,7 @@ _BUILDERS = {
     "guarded_trainer_step_spikes": _build_trainer_spikes,
     "loss_scale_optimizer": _build_loss_scale,
     "two_run_numpy": _build_two_run,
+    "skip_replay": _build_replay,
     "plain_control": _build_plain,
 }
 
@@ -293,7 +312,9 @@ def build_variant(name, model, images, labels, learning_rate=0.01, seed=0):
   with graph.as_default():
     tf1.set_random_seed(seed)
     built, no_skips = _BUILDERS[name](model, images, labels, learning_rate)
-    init = tf1.global_variables_initializer()
+    # Local: the trainer's batch store.
+    init = tf.group(tf1.global_variables_initializer(),
+                    tf1.local_variables_initializer())
   graph.finalize()
   session = tf1.Session(graph=graph, config=_session_config())
   session.run(init)
@@ -310,6 +331,16 @@ def build_variant(name, model, images, labels, learning_rate=0.01, seed=0):
         skips[0] += 1
 
     return Variant(session, two_runs, lambda: skips[0] == 0)
+
+  if name == "skip_replay":
+    train_op, forensics = built
+    session.run(train_op)  # Fills the batch store, as a step before a skip.
+    batch = forensics.store.read(session, 0)
+
+    def replay():
+      replay_lib.explain(session, forensics, 0, batch)
+
+    return Variant(session, replay, lambda: None)
 
   def step():
     session.run(built)
