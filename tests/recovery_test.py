@@ -233,6 +233,25 @@ class ChooseCheckpointTest(tf.test.TestCase):
     self.assertIn("qualifies", self.choose(9))
 
 
+class RollbackWindowTest(tf.test.TestCase):
+
+  def testRingKeepsTheLastStepsAndCountsTheOthers(self):
+    ring = rollback_window.IdsRing(capacity=3)
+    for step in range(5):
+      ring.add(step, [np.array([10 * step]), np.array([10 * step + 1])])
+    ring.add(4, [np.array([99])])  # A skip that did not advance the step.
+    self.assertEqual(ring.window(1, 4), ([20, 21, 30, 31, 40, 41, 99], 1))
+
+  def testEveryRecordCountsAndATornLastLineIsIgnored(self):
+    train_dir = self.get_temp_dir()
+    rollback_window.append(train_dir, 24, [15, 23], [1, 2], 0)
+    rollback_window.append(train_dir, 24, [15, 23], [3], 2)  # Re-done.
+    with open(rollback_window.path(train_dir), "a") as f:
+      f.write('{"step": 30, "exam')
+    self.assertEqual(rollback_window.excluded_ids(train_dir),
+                     [(24, [1, 2]), (24, [3])])
+
+
 class RollbackParamsTest(tf.test.TestCase):
 
   def testBadValuesAreRefusedInOneLine(self):
