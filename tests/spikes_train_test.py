@@ -69,6 +69,7 @@ class SpikesTrainTest(tf.test.TestCase):
     self.assertNotIn("reproduced", spike)
     self.assertEqual([len(t["example_ids"]) for t in spike["towers"]], [8, 8])
     self.assertEqual(summary["forensics"]["verdicts"]["spike"], 1)
+    self.assertEqual(summary["forensics"]["all_verdicts"]["spike"], 1)
     # Its (good) examples are never excluded.
     self.assertEmpty(set(exclusion.excluded(train_dir)[0]) & set(
         spike["towers"][1]["example_ids"]))

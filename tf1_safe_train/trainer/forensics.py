@@ -250,6 +250,8 @@ def totals(train_dir):
     if "reproduced" in record:
       verdicts["reproducible" if record["reproduced"]
                else "not_reproducible"] += 1
+    elif record.get("reason") == "spike":
+      verdicts["spike"] += 1
     if record.get("suspect_device"):
       devices[record["suspect_device"]] += 1
   return {"all_records": len(records), "all_verdicts": dict(verdicts),
