@@ -17,6 +17,8 @@ import train_dir_util
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
+from tf1_safe_train.trainer import rollback_checkpoint
+from tf1_safe_train.trainer import rollback_window
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
@@ -39,6 +41,22 @@ class _Weights(tf1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     step, weight = run_context.session.run(self._reads)
     self.by_step[int(step)] = weight
+
+
+class _FedIds(tf1.train.SessionRunHook):
+  """{global step: the example ids its towers read} (from the batch store)."""
+
+  def __init__(self):
+    self.by_step = {}
+
+  def begin(self):
+    self._reads = [tf1.train.get_global_step().read_value()] + [
+        v.read_value() for v in tf1.local_variables()
+        if v.name.startswith("batch_store/") and v.name.endswith("/ids:0")]
+
+  def after_run(self, run_context, run_values):
+    step, *ids = run_context.session.run(self._reads)  # After the step.
+    self.by_step[int(step) - 1] = set(int(i) for t in ids for i in t)
 
 
 def _params(train_dir, **changes):
@@ -86,6 +104,7 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertEqual(summary["rollbacks"], [{
         "at_step": 24, "to_step": 15, "checkpoint": "model.ckpt-15",
         "batches_skipped": 9, "data_window": [15, 23],
+        "window_examples": 36, "window_steps_without_ids": 0,
         "applied_steps_undone": 5, "rollbacks_left": 1,
         "learning_rate_multiplier": 0.5}])
     self.assertNotIn("rollback_refused", summary)
@@ -101,6 +120,24 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertEqual(float(final["learning_rate_multiplier"]), 0.5)
     self.assertEqual(
         train_dir_util.scalars(train_dir, "skips/rollbacks")[-1][1], 1.0)
+
+  def testARestartNeverFeedsTheWindowAgain(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    fed = _FedIds()
+    train_lib.train(_params(train_dir), extra_hooks=[fed])
+    # Recorded durably: every batch of steps 15-23, not only the last.
+    (at_step, window), = rollback_window.excluded_ids(train_dir)
+    self.assertEqual(at_step, 24)
+    self.assertEqual(set(window),
+                     set().union(*[fed.by_step[s] for s in range(15, 24)]))
+    self.assertLen(window, 36)
+    again = _FedIds()
+    summary = train_lib.train(_params(train_dir, max_steps=80),
+                              extra_hooks=[again])
+    self.assertLen(again.by_step, 40)
+    self.assertEmpty(set().union(*again.by_step.values()) & set(window))
+    self.assertEqual(summary["forensics"]["excluded_examples"]["by_reason"],
+                     {"rollback_window": 36})
 
   def testRollbackAfterTheLastStepIsInTheSummaryAndCheckpoint(self):
     train_dir, summary, _ = self._train(max_steps=24)
@@ -178,7 +215,7 @@ class ChooseCheckpointTest(tf.test.TestCase):
       _fake_checkpoint(self.train_dir, step, applied, rollbacks)
 
   def choose(self, max_applied, at_step=35):
-    path, step, applied = recovery.choose_checkpoint(
+    path, step, applied = rollback_checkpoint.choose_checkpoint(
         self.train_dir, at_step, max_applied, rollbacks=1, rollback_to_step=15)
     return (os.path.basename(path), step, applied) if path else step
 
@@ -194,6 +231,25 @@ class ChooseCheckpointTest(tf.test.TestCase):
 
   def testNoneQualifies(self):
     self.assertIn("qualifies", self.choose(9))
+
+
+class RollbackWindowTest(tf.test.TestCase):
+
+  def testRingKeepsTheLastStepsAndCountsTheOthers(self):
+    ring = rollback_window.IdsRing(capacity=3)
+    for step in range(5):
+      ring.add(step, [np.array([10 * step]), np.array([10 * step + 1])])
+    ring.add(4, [np.array([99])])  # A skip that did not advance the step.
+    self.assertEqual(ring.window(1, 4), ([20, 21, 30, 31, 40, 41, 99], 1))
+
+  def testEveryRecordCountsAndATornLastLineIsIgnored(self):
+    train_dir = self.get_temp_dir()
+    rollback_window.append(train_dir, 24, [15, 23], [1, 2], 0)
+    rollback_window.append(train_dir, 24, [15, 23], [3], 2)  # Re-done.
+    with open(rollback_window.path(train_dir), "a") as f:
+      f.write('{"step": 30, "exam')
+    self.assertEqual(rollback_window.excluded_ids(train_dir),
+                     [(24, [1, 2]), (24, [3])])
 
 
 class RollbackParamsTest(tf.test.TestCase):

@@ -7,6 +7,9 @@ import numpy as np
 import tensorflow as tf
 
 import train_dir_util
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import exclusion
+from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import train_lib
 
@@ -55,6 +58,21 @@ class SpikesTrainTest(tf.test.TestCase):
     # Statistics of the 10 applied steps only; finite.
     self.assertEqual(values["spike_stats/applied"], 10)
     self.assertTrue(np.isfinite(values["spike_stats/grad_norm_log_var"]))
+    # Recorded like any skip: its reason, values and examples, no replay.
+    spike, nan = skip_log.read(skip_log.path(train_dir))
+    self.assertEqual((spike["step"], spike["reason"], nan["reason"]),
+                     (8, "spike", "nonfinite"))
+    self.assertEqual(spike["verdict"], forensics.SPIKE)
+    self.assertGreater(spike["spike"]["grad_norm"],
+                       spike["spike"]["grad_threshold"])
+    self.assertNotIn("replay", spike)
+    self.assertNotIn("reproduced", spike)
+    self.assertEqual([len(t["example_ids"]) for t in spike["towers"]], [8, 8])
+    self.assertEqual(summary["forensics"]["verdicts"]["spike"], 1)
+    self.assertEqual(summary["forensics"]["all_verdicts"]["spike"], 1)
+    # Its (good) examples are never excluded.
+    self.assertEmpty(set(exclusion.excluded(train_dir)[0]) & set(
+        spike["towers"][1]["example_ids"]))
 
   def testWithoutTheOptionTheSameDrillIsAppliedAndHurts(self):
     train_dir = self._train_dir("off")

@@ -4,10 +4,13 @@ At startup the trainer reads every worker's `skips.jsonl` of its train_dir;
 a record whose replay reproduced the non-finite step (`reproduced`) names
 its examples: the rows of the input that held NaN/Inf (`replay.input_ids`)
 or, when the input was finite (the batch drove the model non-finite), the
-offending tower's whole batch. The input pipeline drops them by id.
+offending tower's whole batch. It also reads the data windows rollbacks
+abandoned (`rollback_window`): a restarted process must not feed them again
+either. The input pipeline drops them by id.
 """
 
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import rollback_window
 from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 
@@ -28,7 +31,8 @@ def excluded(train_dir):
   `train_dir` None: nothing is dropped (exclusion turned off).
 
   The summary: count (examples), by_reason (examples per reason:
-  nonfinite_input, reproducible_batch), steps (the skips that named them).
+  nonfinite_input, reproducible_batch, rollback_window), steps (the skips
+  that named them), rollbacks (the steps of the rollbacks that did).
 
   Raises:
     train_dir.TrainDirError: if a log holds a line that is not a record.
@@ -36,6 +40,7 @@ def excluded(train_dir):
   ids, by_reason, steps = set(), {}, []
   try:
     records = skip_log.read_all(train_dir) if train_dir else []
+    windows = rollback_window.excluded_ids(train_dir) if train_dir else []
   except skip_log.SkipLogError as e:
     raise train_dir_lib.TrainDirError(
         "%s (repair or move the file, or train with "
@@ -48,5 +53,14 @@ def excluded(train_dir):
     ids |= new
     by_reason[reason] = by_reason.get(reason, 0) + len(new)
     steps.append({"step": record["step"], "worker": record["worker"]})
-  return sorted(ids), {"count": len(ids), "by_reason": by_reason,
-                       "steps": steps}
+  rollbacks = []
+  for at_step, window_ids in windows:
+    new = set(window_ids) - ids
+    ids |= new
+    by_reason[rollback_window.REASON] = by_reason.get(
+        rollback_window.REASON, 0) + len(new)
+    rollbacks.append(at_step)
+  summary = {"count": len(ids), "by_reason": by_reason, "steps": steps}
+  if rollbacks:
+    summary["rollbacks"] = rollbacks
+  return sorted(ids), summary

@@ -4,7 +4,8 @@ After a skipped step (the weights are exactly as it saw them) the hook reads
 each tower's stored batch, replays the offending tower's (`replay_lib`) and
 appends one record to the worker's `skips.jsonl` (`core.skip_log`): step,
 worker, time, reason, towers (index, device, nonfinite, loss, example_ids,
-batch_hash, variables), replay, verdict, seconds. It logs one line and
+batch_hash, variables), replay, verdict, seconds; a spike skip (reason
+"spike") has its values and thresholds instead of a replay. It logs one line and
 writes a TensorBoard text and scalar.
 
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
@@ -30,6 +31,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import batch_store
 from tf1_safe_train.trainer import replay_lib
 
@@ -40,6 +42,10 @@ BATCH_FILE = "batch.npz"
 PARAMS_FILE = "params.json"
 CHECKPOINT_PREFIX = "state"
 NOT_EXPLAINED = "not explained: --max_explained_skips reached"
+# A finite spike is no fault to find: its values are in the record, and a
+# replay (finite by construction) would only call it "not reproducible" and
+# accuse a device, or, worse, have its examples excluded.
+SPIKE = "spike (finite; not replayed)"
 OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
             "not replayed")
 LOSS_SCALE_FLOOR = 1.0  # The dynamic loss scale's (hooks.SkipReportHook's).
@@ -93,6 +99,8 @@ class ForensicsHook(core_hooks.GatedHook):
                      "losses": [t.loss for t in self._forensics.towers]}
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
+    if step.spikes is not None:
+      self._fetches["spikes"] = spikes.fetches(step.spikes)
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -123,7 +131,15 @@ class ForensicsHook(core_hooks.GatedHook):
     if scale is not None:
       record["loss_scale"] = scale
     offending = [t for t, f in enumerate(flags) if f]
-    if scale is not None and scale > LOSS_SCALE_FLOOR:
+    spike = results.get("spikes")
+    if spike is not None and spike["spike"]:
+      # (The decision never calls a non-finite step a spike.)
+      record.update(reason="spike", verdict=SPIKE, spike={
+          k: (bool(v) if k == "rewarm" else float(v))
+          for k, v in spike.items() if k != "spike"})
+      text = "step %d: %s" % (step, SPIKE)
+      self.verdicts["spike"] += 1
+    elif scale is not None and scale > LOSS_SCALE_FLOOR:
       # fp16: the scale halves and the step is retried on other data; a
       # replay would reproduce the overflow and exclude good examples.
       record["verdict"] = OVERFLOW % core_hooks.format_scale(scale)
@@ -234,6 +250,8 @@ def totals(train_dir):
     if "reproduced" in record:
       verdicts["reproducible" if record["reproduced"]
                else "not_reproducible"] += 1
+    elif record.get("reason") == "spike":
+      verdicts["spike"] += 1
     if record.get("suspect_device"):
       devices[record["suspect_device"]] += 1
   return {"all_records": len(records), "all_verdicts": dict(verdicts),

@@ -22,8 +22,9 @@ What a rollback restores and what it keeps (the choices, and why):
   - the input: the iterator is not in checkpoints, so in this process it is
     already past the batches fed since the restored checkpoint (the window
     that led to the streak): they are not fed again. A restarted process
-    starts its input afresh; the record's global-step window is the seam
-    for excluding those examples by id (the forensics work).
+    starts its input afresh: the window's example ids (kept per step by the
+    hook, `rollback_window`) are appended durably to the train_dir before
+    the rollback, and the startup exclusion drops them.
 A rollback changes only the session's variables: the next checkpoint
 records it. A SIGKILL before then resumes from the last checkpoint, which
 holds the streak, and the same rollback happens again.
@@ -40,7 +41,9 @@ import tensorflow as tf
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import checkpoint_fit
-from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import rollback_checkpoint
+from tf1_safe_train.trainer import rollback_window
+from tf1_safe_train.trainer import tower_input
 
 tf1 = tf.compat.v1
 
@@ -127,43 +130,6 @@ def refusal_in_cluster(params):
           "--on_persistent_skips=stop")
 
 
-def _read(reader, names, name, default):
-  return int(reader.get_tensor(name)) if name in names else default
-
-
-def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
-                      rollback_to_step):
-  """The checkpoint a rollback restores: (path, global_step, applied_steps).
-
-  The newest intact checkpoint of `train_dir` before `at_step` holding at
-  most `max_applied` applied steps, among the ancestors of the current
-  model: those written since the last rollback (they hold `rollbacks`),
-  and those before it up to the one it restored (`rollback_to_step`); the
-  checkpoints in between come from the abandoned window.
-
-  Returns:
-    (path, step, applied), or (None, reason, None).
-  """
-  for step, name in sorted(checkpoints.on_disk(train_dir).items(),
-                           reverse=True):
-    if step >= at_step:
-      continue
-    path = os.path.join(train_dir, name)
-    try:
-      reader = tf1.train.NewCheckpointReader(path)
-      names = reader.get_variable_to_shape_map()
-      applied = _read(reader, names, "applied_steps", None)
-      written_after = _read(reader, names, "rollbacks", 0)
-    except Exception:  # pylint: disable=broad-except
-      continue  # Damaged: an older one may do.
-    ancestor = (written_after == rollbacks or
-                (written_after == rollbacks - 1 and step <= rollback_to_step))
-    if (ancestor and applied is not None and applied <= max_applied and
-        checkpoints.damage(path, require_finite=True) is None):
-      return path, step, applied
-  return None, "no intact checkpoint of %s qualifies" % train_dir, None
-
-
 def give_up_hook(params, streak, step):
   """The hook that acts on a skip streak: `GiveUpHook`, or `RollbackHook`.
 
@@ -193,7 +159,14 @@ class RollbackHook(core_hooks.GiveUpHook):
     with tf1.control_dependencies([step.train_op]):
       reads = State(*[tf.identity(v.read_value()) for v in self._state])
     self._fetches = {"streak": streak, "global_step": step.totals[
-        "global_step"], "counters": step.counters, "state": reads}
+        "global_step"], "counters": step.counters, "state": reads,
+                     # A few bytes per example: the window's ids.
+                     "step_index": step.step_index,
+                     "ids": tf1.get_collection(
+                         tower_input.EXAMPLE_IDS_COLLECTION)}
+    self._ring = rollback_window.IdsRing(rollback_window.ring_steps(
+        keep_checkpoint_max(params), params.save_checkpoints_steps,
+        params.max_consecutive_skips))
     self._restorer = None
     self._after = None
     self.refusal = None
@@ -239,6 +212,7 @@ class RollbackHook(core_hooks.GiveUpHook):
     if not self._fetched:
       return
     results = run_values.results
+    self._ring.add(int(results["step_index"]), results["ids"])
     self.latest_state = results["state"]._asdict()
     self._final = None
     streak = int(results["streak"])
@@ -250,7 +224,7 @@ class RollbackHook(core_hooks.GiveUpHook):
     if s.rollbacks >= params.max_rollbacks:
       path, why = None, "--max_rollbacks=%d used up" % params.max_rollbacks
     else:
-      path, to_step, ckpt_applied = choose_checkpoint(
+      path, to_step, ckpt_applied = rollback_checkpoint.choose_checkpoint(
           params.train_dir, at_step,
           applied - params.rollback_min_applied_steps, int(s.rollbacks),
           int(s.rollback_to_step))
@@ -271,6 +245,10 @@ class RollbackHook(core_hooks.GiveUpHook):
 
   def _rollback(self, session, path, at_step, to_step, undone):
     """Restores `path` in `session` and records it."""
+    # Durable before the restore, so before any checkpoint recording it.
+    ids, unknown = self._ring.window(to_step, at_step - 1)
+    rollback_window.append(self._params.train_dir, at_step,
+                           [to_step, at_step - 1], ids, unknown)
     self._restorer.restore(session, path)
     session.run(self._after, {self._undone: undone, self._to_step: to_step})
     state_now, counters = session.run(
@@ -286,6 +264,7 @@ class RollbackHook(core_hooks.GiveUpHook):
         # checkpoint, the streak included; this process feeds none again.
         "batches_skipped": at_step - to_step,
         "data_window": [to_step, at_step - 1],
+        "window_examples": len(ids), "window_steps_without_ids": unknown,
         "applied_steps_undone": undone, "rollbacks_left": left,
         "learning_rate_multiplier": float(
             state_now["learning_rate_multiplier"])}

@@ -14,6 +14,9 @@ from tf1_safe_train.trainer import batch_store
 tf1 = tf.compat.v1
 
 INPUT_DEVICE = "/device:CPU:0"
+# Each tower's example ids tensor of the step (what a rollback's window
+# keeps: `rollback_window`).
+EXAMPLE_IDS_COLLECTION = "tf1_safe_train_example_ids"
 
 
 def _iterator(params, worker_index, dataset_fn, exclude_ids):
@@ -57,6 +60,7 @@ class TowerInput(object):
     """
     with tf.device(INPUT_DEVICE):
       images, labels, ids = self._iterator.get_next()
+      tf1.add_to_collection(EXAMPLE_IDS_COLLECTION, ids)
       images = tower_drill.input(images)
       self.writes.append(self.store.write(tower, images, labels, ids))
     return images, labels

@@ -16,7 +16,7 @@ gradients are applied with):
      sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
      aggregate of every worker's;
   4. `guard.guarded_apply`: checked, then the `tf.cond` whose apply branch
-     calls back `train_step._Update.apply_gradients` (clip, apply,
+     calls back `applied_update.AppliedUpdate.apply_gradients` (clip, apply,
      statistics, EMA).
 """
 
@@ -28,10 +28,10 @@ from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
-from tf1_safe_train.core import rollback
 from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
+from tf1_safe_train.trainer import applied_update
 from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
@@ -118,48 +118,6 @@ def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
     grads_and_vars = loss_scale.gradients(optimizer.compute_gradients, loss,
                                           scale, **kwargs)
   return loss, tower_drill.grads(grads_and_vars)
-
-
-class _Update(tf1.train.Optimizer):
-  """The update of an applied step: clip, apply, statistics, EMA.
-
-  What `optimizer.SkipNonFiniteOptimizer` wraps for the trainer: the
-  wrapper's decision calls `apply_gradients` inside its apply branch.
-  """
-
-  def __init__(self, params, optimizer, statistics, applied_steps):
-    super(_Update, self).__init__(use_locking=False, name="update")
-    self._params = params
-    self._optimizer = optimizer
-    self._statistic_ids = set(id(v) for _, v in statistics)
-    self._statistics = [v for _, v in statistics]
-    self._applied_steps = applied_steps
-
-  def _create_slots(self, var_list):
-    # pylint: disable=protected-access
-    self._optimizer._create_slots(
-        [v for v in var_list if id(v) not in self._statistic_ids])
-
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    del global_step, name  # The wrapper advances it; the guard names.
-    params, ids = self._params, self._statistic_ids
-    model_pairs = [(g, v) for g, v in grads_and_vars if id(v) not in ids]
-    if params.clip_gradient_norm:
-      model_pairs, _ = optimization.clip_by_global_norm(
-          model_pairs, params.clip_gradient_norm)
-    update = self._optimizer.apply_gradients(model_pairs)
-    if self._statistics:
-      writes = [v.assign_sub(d, read_value=False)
-                for d, v in grads_and_vars if id(v) in ids]
-      with tf1.control_dependencies([update] + writes):
-        # Shadows as on one machine, so checkpoints stay interchangeable.
-        update = rollback.Rollback(self._statistics).commit()
-    if not params.moving_average_decay:
-      return update
-    ema = tf1.train.ExponentialMovingAverage(
-        params.moving_average_decay, num_updates=self._applied_steps)
-    with tf1.control_dependencies([update]):
-      return ema.apply(tf1.trainable_variables())
 
 
 def _or_tower0(tower_nonfinite, flag):
@@ -264,7 +222,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
   guarded = optimizer_lib.SkipNonFiniteOptimizer(
-      _Update(params, optimizer, statistics, counters.applied_steps),
+      applied_update.AppliedUpdate(params, optimizer, statistics,
+                                   counters.applied_steps),
       increment_global_step_on_skip=params.increment_global_step_on_skip,
       update_ops=update_ops, loss_scale=loss_scale, name="guarded_step",
       skip_spikes=_spike_config(params))
