@@ -119,8 +119,9 @@ class TrainParams(object):
       "first non-finite op and data or device, see docs/forensics.md); "
       "0 = none (skips are still recorded in skips.jsonl).")
   exclude_reproducible_skips: bool = _param(
-      True, "At startup, drop the examples of skips whose replay reproduced "
-      "(read from skips.jsonl) from the input.")
+      True, "At startup, drop from the input the examples of skips whose "
+      "replay reproduced (skips.jsonl) and of the data windows rollbacks "
+      "abandoned (rollback_windows.jsonl).")
   # In a cluster (see cluster/spec.py); ignored on one machine.
   sync_replicas: bool = _param(
       False, "Cluster: aggregate every worker's gradients and decide "
