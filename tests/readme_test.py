@@ -165,6 +165,17 @@ class ReadmeTest(tf.test.TestCase):
           self.assertTrue(
               os.path.exists(os.path.join(_source_root(), path)), path)
 
+  def testLayoutPageNamesEveryModule(self):
+    # docs/layout.md's tree is the map a reader starts from: a module added
+    # to the library, the trainer or the cluster package must appear there.
+    page = _read("docs/layout.md")
+    for package in ("core", "trainer", "cluster"):
+      directory = os.path.join(_source_root(), "tf1_safe_train", package)
+      for name in sorted(os.listdir(directory)):
+        if name.endswith(".py") and name != "__init__.py":
+          with self.subTest(module=package + "/" + name):
+            self.assertRegex(page, r"(?m)^ +%s +\S" % re.escape(name))
+
   def testFlagsTablesAreTheDeclaredFlags(self):
     tables = {}
     for page in _pages():
