@@ -182,6 +182,37 @@ class RollbackRunTest(tf.test.TestCase):
                   "with at most -80 applied steps: the streak began after 20"
                   % train_dir, summary["rollback_refused"])
 
+  def testARunThatGaveUpResumesWithRollback(self):
+    # The run gave up with stop (the default); its checkpoints lack the
+    # rollback state, which starts fresh, and the rollback restores one of
+    # them (written without `rollbacks`: an ancestor).
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    first = _Weights()
+    summary = train_lib.train(_params(
+        train_dir, on_persistent_skips="stop", inject_nonfinite="nan@20-:0"),
+                              extra_hooks=[first])
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertEqual(summary["global_step"], 24)
+    again = _Weights()
+    summary = train_lib.train(_params(train_dir), extra_hooks=[again])
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
+                              "rolled_back_steps", "rollback_count")],
+        [40, 29, 6, 5, 1])
+    (record,) = summary["rollbacks"]
+    self.assertEqual([record[k] for k in (
+        "at_step", "to_step", "checkpoint", "applied_steps_undone")],
+                     [25, 15, "model.ckpt-15", 5])
+    self.assertEqual(summary["learning_rate_multiplier"], 1.0)
+    self.assertAllEqual(again.by_step[25], first.by_step[15])
+    for path in train_dir_util.checkpoint_paths(train_dir):
+      values = train_dir_util.checkpoint_values(path)
+      self.assertEqual(int(values["global_step"]),
+                       int(values["applied_steps"]) +
+                       int(values["skipped_steps"]) +
+                       int(values.get("rolled_back_steps", 0)), path)
+
   def testWithoutRollbackTheGraphHasNoRollbackState(self):
     train_dir, summary, _ = self._train(on_persistent_skips="stop")
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")

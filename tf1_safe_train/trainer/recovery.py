@@ -75,10 +75,13 @@ def state(graph=None):
   if existing:
     return State(*existing)
   initial = State(np.int64(0), np.int64(0), np.int64(-1), np.float32(1))
+  # Optional state: a run that gave up with --on_persistent_skips=stop (its
+  # checkpoints lack these) resumes with rollback, starting from `initial`.
   with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
     variables = [tf1.Variable(
         value, name=name, trainable=False,
-        collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION])
+        collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION,
+                     spikes.OPTIONAL_STATE])
                  for name, value in initial._asdict().items()]
   result = State(*variables)
   tf1.summary.scalar("skips/rolled_back_steps", result.rolled_back_steps)
