@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import train_dir_util
 from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import rollback_checkpoint
@@ -212,6 +213,24 @@ class RollbackRunTest(tf.test.TestCase):
                        int(values["applied_steps"]) +
                        int(values["skipped_steps"]) +
                        int(values.get("rolled_back_steps", 0)), path)
+
+  def testARunThatRolledBackIsRefusedWithStop(self):
+    # Without rollback the graph has no rolled_back_steps nor multiplier:
+    # its checkpoints would break the counters' sum and restore the rate.
+    train_dir, _, _ = self._train()
+    with self.assertRaisesRegex(
+        checkpoints.CheckpointError,
+        r"^cannot resume from .*model.ckpt-40 with --on_persistent_skips="
+        r"stop: the run rolled back 1 time \(5 applied steps undone\)"):
+      train_lib.train(_params(train_dir, max_steps=45,
+                              on_persistent_skips="stop"))
+
+  def testARunThatNeverRolledBackResumesWithStop(self):
+    train_dir, _, _ = self._train(inject_nonfinite="", max_steps=10)
+    summary = train_lib.train(_params(train_dir, max_steps=15,
+                                      on_persistent_skips="stop"))
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(summary["applied_steps"], 15)
 
   def testWithoutRollbackTheGraphHasNoRollbackState(self):
     train_dir, summary, _ = self._train(on_persistent_skips="stop")

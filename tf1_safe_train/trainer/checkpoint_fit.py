@@ -6,7 +6,8 @@ A resume with another `--model`, `--num_towers`, `--precision`,
 probably differs. Variables renamed since older checkpoints were written
 keep their former names (`names_in`), so those runs still resume; the
 state of an option switched on at a resume (`spikes.OPTIONAL_STATE`, e.g.
---skip_spikes_sigma's statistics) starts afresh (`fresh_variables`).
+--skip_spikes_sigma's statistics, --on_persistent_skips=rollback's state)
+starts afresh (`fresh_variables`).
 """
 
 import json
@@ -104,6 +105,32 @@ def saver_var_list(checkpoint, variables):
   return names
 
 
+def _rollbacks_dropped(checkpoint, reader, shapes, params):
+  """Why a run without rollback cannot resume a run that rolled back.
+
+  The state of --on_persistent_skips=rollback is optional (a run that gave
+  up with stop resumes with rollback), and a checkpoint's state that the
+  graph lacks is merely unused: so a rollback run that never rolled back
+  resumes with stop. One that did cannot: a graph without rollback has
+  no rolled_back_steps nor learning rate multiplier, so its checkpoints
+  would break global_step == applied + skipped + rolled back steps, the
+  halved rate would be restored, and a later resume with rollback would
+  take checkpoints of a window the rollback abandoned for ancestors.
+  """
+  if (params.on_persistent_skips == "rollback" or
+      "rollbacks" not in shapes or not int(reader.get_tensor("rollbacks"))):
+    return None
+  rollbacks = int(reader.get_tensor("rollbacks"))
+  undone = (int(reader.get_tensor("rolled_back_steps"))
+            if "rolled_back_steps" in shapes else 0)
+  return ("cannot resume from %s with --on_persistent_skips=%s: the run "
+          "rolled back %d time%s (%d applied steps undone), which only "
+          "--on_persistent_skips=rollback keeps counting (resume with it, "
+          "e.g. with --max_rollbacks=%d to roll back no more, or use a new "
+          "--train_dir)" % (checkpoint, params.on_persistent_skips, rollbacks,
+                            "" if rollbacks == 1 else "s", undone, rollbacks))
+
+
 def mismatch(checkpoint, variables, params):
   """Why `checkpoint` cannot restore `variables` (one line), or None.
 
@@ -118,6 +145,9 @@ def mismatch(checkpoint, variables, params):
   """
   reader = tf1.train.NewCheckpointReader(checkpoint)
   shapes = reader.get_variable_to_shape_map()
+  dropped = _rollbacks_dropped(checkpoint, reader, shapes, params)
+  if dropped:
+    return dropped
   problem = None
   fresh = {id(v) for v in fresh_variables(checkpoint, variables)}
   for name, v in names_in(checkpoint, variables).items():
