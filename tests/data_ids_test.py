@@ -6,6 +6,7 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
+import data_test_util
 from tf1_safe_train import data
 from tf1_safe_train.data import cifar10
 from tf1_safe_train.data import synthetic
@@ -13,28 +14,7 @@ from tf1_safe_train.data import synthetic
 tf1 = tf.compat.v1
 
 
-class _GraphTestCase(tf.test.TestCase):
-
-  def _batches(self, make_dataset, num_batches=None):
-    """Returns the first `num_batches` elements (all if None) as NumPy."""
-    with tf.Graph().as_default() as graph, self.session(graph=graph):
-      next_element = tf1.data.make_one_shot_iterator(
-          make_dataset()).get_next()
-      batches = []
-      while num_batches is None or len(batches) < num_batches:
-        try:
-          batches.append(self.evaluate(next_element))
-        except tf.errors.OutOfRangeError:
-          break
-      return batches
-
-  def _columns(self, make_dataset, num_batches=None):
-    """Returns the batches concatenated per component."""
-    batches = self._batches(make_dataset, num_batches)
-    return tuple(np.concatenate(column) for column in zip(*batches))
-
-
-class SyntheticIdsTest(_GraphTestCase):
+class SyntheticIdsTest(data_test_util.GraphTestCase):
 
   def _get(self, split, batch_size, **kwargs):
     return lambda: data.get_dataset("synthetic", split, batch_size, seed=1,
@@ -146,7 +126,7 @@ class SyntheticIdsTest(_GraphTestCase):
     self.assertEqual(data.describe_id(None, 255), "00000000000000ff")
 
 
-class Cifar10IdsTest(_GraphTestCase):
+class Cifar10IdsTest(data_test_util.GraphTestCase):
 
   def setUp(self):
     super().setUp()
@@ -231,7 +211,7 @@ class Cifar10IdsTest(_GraphTestCase):
       data.describe_id("cifar10", 50000)
 
 
-class UserDatasetTest(_GraphTestCase):
+class UserDatasetTest(data_test_util.GraphTestCase):
 
   def setUp(self):
     super().setUp()

@@ -5,37 +5,14 @@ import os
 import numpy as np
 import tensorflow as tf
 
+import data_test_util
 from tf1_safe_train import data
 from tf1_safe_train.data import cifar10
 from tf1_safe_train.data import synthetic
 
-tf1 = tf.compat.v1
 
 
-class _GraphTestCase(tf.test.TestCase):
-  """Runs datasets built in a fresh graph and returns their batches."""
-
-  def _batches(self, make_dataset, num_batches=None):
-    """Returns the first `num_batches` elements (all if None) as NumPy."""
-    with tf.Graph().as_default() as graph, self.session(graph=graph):
-      next_element = tf1.data.make_one_shot_iterator(
-          make_dataset()).get_next()
-      batches = []
-      while num_batches is None or len(batches) < num_batches:
-        try:
-          batches.append(self.evaluate(next_element))
-        except tf.errors.OutOfRangeError:
-          break
-      return batches
-
-  def _arrays(self, make_dataset, num_batches=None):
-    """Returns the batches concatenated into (images, labels)."""
-    batches = self._batches(make_dataset, num_batches)
-    return (np.concatenate([b[0] for b in batches]),
-            np.concatenate([b[1] for b in batches]))
-
-
-class GetDatasetTest(_GraphTestCase):
+class GetDatasetTest(data_test_util.GraphTestCase):
 
   def testConstantsAgreeWithReaders(self):
     for module in (synthetic, cifar10):
@@ -69,7 +46,7 @@ class GetDatasetTest(_GraphTestCase):
       data.num_examples("foo", "train")
 
 
-class SyntheticTest(_GraphTestCase):
+class SyntheticTest(data_test_util.GraphTestCase):
 
   def _first(self, split, seed=0, batch_size=32):
     return self._batches(
@@ -136,7 +113,7 @@ class SyntheticTest(_GraphTestCase):
     self.assertBetween(accuracy, 0.35, 0.9)
 
 
-class Cifar10Test(_GraphTestCase):
+class Cifar10Test(data_test_util.GraphTestCase):
 
   def setUp(self):
     super().setUp()
