@@ -11,7 +11,6 @@ from tf1_safe_train.data import cifar10
 from tf1_safe_train.data import synthetic
 
 
-
 class GetDatasetTest(data_test_util.GraphTestCase):
 
   def testConstantsAgreeWithReaders(self):
