@@ -61,7 +61,7 @@ def _fed_names(feed_dict):
   return frozenset(names)
 
 
-def ancestors(ops, fed=frozenset()):
+def ancestors(ops, fed=frozenset(), control=True):
   """Every op a run of `ops` executes (inputs and control inputs, walked).
 
   A fed tensor is not computed: the walk does not go through it. Function
@@ -71,6 +71,8 @@ def ancestors(ops, fed=frozenset()):
   Args:
     ops: Operations.
     fed: names of fed tensors.
+    control: also walk control inputs (False: only the ops whose values
+      `ops` read, e.g. the replay probe's).
 
   Returns:
     A set of Operations, `ops` included.
@@ -82,7 +84,8 @@ def ancestors(ops, fed=frozenset()):
       continue
     seen.add(op)
     stack.extend(t.op for t in op.inputs if t.name not in fed)
-    stack.extend(op.control_inputs)
+    if control:
+      stack.extend(op.control_inputs)
   return seen
 
 

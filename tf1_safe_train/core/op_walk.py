@@ -10,20 +10,14 @@ import heapq
 
 import tensorflow as tf
 
+from tf1_safe_train.core import fetch_gate
+
 
 def ancestors(outputs, stop_names, control):
-  """Ops `outputs` depend on, not going past tensors named in `stop_names`."""
-  seen = set()
-  stack = [t.op for t in outputs]
-  while stack:
-    op = stack.pop()
-    if op in seen:
-      continue
-    seen.add(op)
-    stack.extend(t.op for t in op.inputs if t.name not in stop_names)
-    if control:
-      stack.extend(op.control_inputs)
-  return seen
+  """Ops `outputs` depend on, not going past tensors named in `stop_names`
+  (the fetch gate's walk, from tensors)."""
+  return fetch_gate.ancestors([t.op for t in outputs],
+                              frozenset(stop_names), control=control)
 
 
 def placeholders(outputs):
