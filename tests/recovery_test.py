@@ -82,17 +82,8 @@ class RollbackRunTest(tf.test.TestCase):
 
   def assertCheckpointsConsistent(self, train_dir):
     """Finite, counts add up, global_step only grows; returns the last."""
-    steps, values = [], None
-    for path in train_dir_util.checkpoint_paths(train_dir):
-      values = train_dir_util.checkpoint_values(path)
-      self.assertEqual(train_dir_util.nonfinite_entries(values), [], path)
-      self.assertEqual(int(values["global_step"]),
-                       int(values["applied_steps"]) +
-                       int(values["skipped_steps"]) +
-                       int(values["rolled_back_steps"]), path)
-      steps.append(int(values["global_step"]))
-    self.assertEqual(steps, sorted(steps))
-    return values
+    checked = train_dir_util.assert_rollback_checkpoints(self, train_dir)
+    return checked[-1][1] if checked else None
 
   def testRollsBackOnceSkipsTheWindowAndFinishes(self):
     train_dir, summary, weights = self._train(

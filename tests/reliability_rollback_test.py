@@ -39,18 +39,10 @@ class SigkillAtRollbackTest(tf.test.TestCase):
 
   def assertConsistentCheckpoints(self, train_dir):
     """Each listed checkpoint: finite, counts adding up; returns the steps."""
-    steps = []
-    for path in train_dir_util.checkpoint_paths(train_dir):
-      values = train_dir_util.checkpoint_values(path)
-      self.assertEqual(train_dir_util.nonfinite_entries(values), [], path)
-      self.assertEqual(int(values["global_step"]),
-                       int(values["applied_steps"]) +
-                       int(values["skipped_steps"]) +
-                       int(values["rolled_back_steps"]), path)
+    checked = train_dir_util.assert_rollback_checkpoints(self, train_dir)
+    for path, values in checked:
       self.assertLessEqual(int(values["rollbacks"]), 1, path)
-      steps.append(int(values["global_step"]))
-    self.assertEqual(steps, sorted(steps))
-    return steps
+    return [int(values["global_step"]) for _, values in checked]
 
   def _kill_and_resume(self, last_line):
     """SIGKILLs the run once `last_line` is logged, then resumes it.

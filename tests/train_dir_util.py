@@ -70,3 +70,21 @@ def files_snapshot(directory):
       with open(path, "rb") as f:
         snapshot[os.path.relpath(path, directory)] = f.read()
   return snapshot
+
+
+def assert_rollback_checkpoints(test, train_dir):
+  """Asserts a rollback run's checkpoints are finite, their counts add up
+  (global_step = applied + skipped + rolled back) and global_step only
+  grows; returns [(path, values)] in step order."""
+  checked = []
+  for path in checkpoint_paths(train_dir):
+    values = checkpoint_values(path)
+    test.assertEqual(nonfinite_entries(values), [], path)
+    test.assertEqual(int(values["global_step"]),
+                     int(values["applied_steps"]) +
+                     int(values["skipped_steps"]) +
+                     int(values["rolled_back_steps"]), path)
+    checked.append((path, values))
+  steps = [int(values["global_step"]) for _, values in checked]
+  test.assertEqual(steps, sorted(steps))
+  return checked
