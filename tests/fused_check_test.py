@@ -15,6 +15,7 @@ import tensorflow as tf
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
+from bench import executed_ops
 
 tf1 = tf.compat.v1
 
@@ -167,6 +168,45 @@ class FusedCheckTest(tf.test.TestCase):
                          op.colocation_groups())
       with tf1.Session(config=config) as sess:
         self.assertFalse(sess.run(flag))
+
+
+class StatisticsCostTest(tf.test.TestCase):
+  """The forward pass's written statistics cost a couple of nodes each."""
+
+  def _extra_nodes(self, num_statistics):
+    """Executed nodes of a guarded good step beyond its unguarded twin."""
+    counts = []
+    for guarded in (False, True):
+      with tf.Graph().as_default():
+        weights = tf1.get_variable("w", initializer=tf.ones([3]))
+        loss = tf.reduce_sum(weights * weights)
+        updates = []
+        for i in range(num_statistics):
+          moving = tf1.get_variable("bn%d/moving_mean" % i,
+                                    initializer=tf.zeros([4 + i % 3]),
+                                    trainable=False)
+          updates.append(tf1.assign_sub(moving, 0.1 * (moving - loss)))
+        sgd = tf1.train.GradientDescentOptimizer(0.1)
+        pairs = sgd.compute_gradients(loss)
+        if guarded:
+          train_op = guard.guarded_apply(pairs, sgd.apply_gradients,
+                                         update_ops=updates).train_op
+        else:
+          with tf1.control_dependencies(updates):
+            train_op = sgd.apply_gradients(pairs)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          sess.run(train_op)
+          counts.append(executed_ops.executed_nodes(sess, train_op))
+    return counts[1] - counts[0]
+
+  def testEachStatisticAddsAtMostTwoNodesToAGoodStep(self):
+    # Its read for the fused check (which the flat shadow's commit reuses)
+    # and the Switch of its handle for the skip branch's restore; with a
+    # shadow variable of its own it cost six (read, shadow handle, two
+    # Switches, read and assign in the apply branch).
+    few, many = self._extra_nodes(4), self._extra_nodes(24)
+    self.assertLessEqual((many - few) / 20.0, 2.0, (few, many))
 
 
 if __name__ == "__main__":

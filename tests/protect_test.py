@@ -8,6 +8,7 @@ import tensorflow as tf
 import optimizer_test_util as test_util
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import shadows
 
 tf1 = tf.compat.v1
 
@@ -65,7 +66,14 @@ def _assert_bit_identical(test, expected, actual):
 
 def _shadow_names():
   return sorted(v.op.name for v in tf1.global_variables()
-                if v.op.name.endswith("skip_shadow"))
+                if "skip_shadow" in v.op.name)
+
+
+def _shadowed_names():
+  """Names of the variables the graph's rollback shadows hold."""
+  return sorted(op.name for held in
+                shadows.shadowed(tf1.get_default_graph()).values()
+                for op in held)
 
 
 class ProtectTest(tf.test.TestCase, parameterized.TestCase):
@@ -138,12 +146,10 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
                             tf1.assign_sub(stat, 0.5 * tf.reduce_sum(x)))
       train_op, var_list, averages, _ = _legacy_ema_step(
           x, update_ops=tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
-      # One shadow per EMA shadow and one for the statistic (the step's own),
-      # none for global_step, the counters or the weights.
-      self.assertEqual(
-          sorted(["stat/skip_shadow"] +
-                 [a.op.name + "/skip_shadow" for a in averages]),
-          _shadow_names())
+      # The EMA shadows and the statistic (the step's own) are shadowed,
+      # not global_step, the counters or the weights.
+      self.assertEqual(sorted(["stat"] + [a.op.name for a in averages]),
+                       _shadowed_names())
       counters = list(counters_lib.skip_counters())
       global_step = tf1.train.get_global_step()
       with tf1.Session() as sess:
@@ -213,6 +219,7 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       train_op, _, averages, _ = _legacy_ema_step(x)
+      shadow_names = _shadow_names()
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = _values(sess, averages)
@@ -221,8 +228,9 @@ class ProtectTest(tf.test.TestCase, parameterized.TestCase):
         saved = _values(sess, averages)
         tf1.train.Saver().save(sess, path)
     in_checkpoint = [name for name, _ in tf.train.list_variables(path)]
-    for average in averages:
-      self.assertIn(average.op.name + "/skip_shadow", in_checkpoint)
+    self.assertNotEmpty(shadow_names)
+    for name in shadow_names:
+      self.assertIn(name, in_checkpoint)
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       train_op, _, averages, _ = _legacy_ema_step(x)

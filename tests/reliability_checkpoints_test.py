@@ -29,6 +29,8 @@ import tensorflow as tf
 import binaries
 import reliability_lib as lib
 import train_dir_util
+from tf1_safe_train.core import rollback
+from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import eval_lib
 from tf1_safe_train.trainer import finite_state
@@ -198,6 +200,39 @@ class FiniteSaverTest(tf.test.TestCase):
         self.assertIsNone(saver.save(session, prefix, global_step=global_step))
     self.assertEqual(refused, [(0, ["v"])])
     self.assertEqual(list(checkpoints.on_disk(os.path.dirname(prefix))), [3])
+
+  def testResumesAShadowPerVariableCheckpointIntoAFlatShadow(self):
+    # Checkpoints written before statistics shared a flat shadow hold one
+    # per statistic. Resumed, the flat shadow must take the restored
+    # statistics: from its initial value, the first skip would undo them.
+    prefix = os.path.join(self.get_temp_dir(), "per_variable", "model.ckpt")
+    saved = {"bn/moving_mean": [1.0, 2.0], "bn/moving_variance": [3.0, 4.0]}
+    with tf.Graph().as_default():
+      old = {}
+      for name, value in saved.items():
+        for suffix in ("", "/skip_shadow"):
+          old[name + suffix] = tf1.Variable(value)
+      with tf1.Session() as session:
+        session.run(tf1.global_variables_initializer())
+        tf1.train.Saver(old).save(session, prefix)
+    with tf.Graph().as_default():
+      moving = [tf1.Variable(tf.zeros([2]), name=name, trainable=False)
+                for name in saved]
+      statistics = rollback.Rollback(moving)
+      undo = statistics.restore()
+      variables = tf1.global_variables()
+      fresh = checkpoint_fit.fresh_variables(prefix, variables)
+      self.assertLen(fresh, 1)
+      self.assertIn("skip_shadow", fresh[0].op.name)
+      saver = checkpoints.FiniteSaver(
+          finite_state.FiniteStateCheck(), lambda step, names: None,
+          fresh=fresh, var_list={v.op.name: v for v in variables})
+      with tf1.Session() as session:
+        session.run(tf1.global_variables_initializer())
+        saver.restore(session, prefix)
+        session.run([v.assign([np.nan, np.nan]) for v in moving])
+        session.run(undo)  # A skipped step's rollback.
+        self.assertAllEqual(list(saved.values()), session.run(moving))
 
 
 class BookkeepingTest(tf.test.TestCase):

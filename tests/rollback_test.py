@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import optimizer_test_util as test_util
+import tf1_safe_train
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import rollback
@@ -40,6 +41,10 @@ def _maybe_ref_variables(use_ref):
 
 def _names(variables):
   return [v.op.name for v in variables]
+
+
+def _shadow_names():
+  return [n for n in _names(tf1.global_variables()) if "skip_shadow" in n]
 
 
 class WrittenVariablesTest(tf.test.TestCase, parameterized.TestCase):
@@ -409,7 +414,8 @@ class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
     with _maybe_ref_variables(use_ref), tf.Graph().as_default():
       images, train_op, moving = _legacy_train_op()
       self.assertEqual(not use_ref, hasattr(moving[0], "handle"))
-      shadow_names = [n + "/skip_shadow" for n in _names(moving)]
+      shadow_names = _shadow_names()
+      self.assertLen(shadow_names, 1)  # Both statistics share one.
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = sess.run(list(moving))
@@ -439,9 +445,8 @@ class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
     path = self.get_temp_dir() + "/legacy_bn"
     with tf.Graph().as_default():
       images, train_op, moving = _legacy_train_op()
-      shadow_names = [n + "/skip_shadow" for n in _names(moving)]
-      for name in shadow_names:
-        self.assertIn(name, _names(tf1.global_variables()))
+      shadow_names = _shadow_names()
+      self.assertLen(shadow_names, 1)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = sess.run(list(moving))
@@ -472,7 +477,7 @@ class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       images, train_op, moving = _legacy_train_op()
       not_shadows = [v for v in tf1.global_variables()
-                     if not v.op.name.endswith("skip_shadow")]
+                     if "skip_shadow" not in v.op.name]
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = sess.run(list(moving))
@@ -481,7 +486,7 @@ class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       images, train_op, moving = _legacy_train_op()
       not_shadows = [v for v in tf1.global_variables()
-                     if not v.op.name.endswith("skip_shadow")]
+                     if "skip_shadow" not in v.op.name]
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         tf1.train.Saver(not_shadows).restore(sess, path)
@@ -489,6 +494,33 @@ class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
         after_nan = sess.run(list(moving))
     for value, first in zip(after_nan, initial):
       self.assertTrue(np.array_equal(first, value))
+
+  def testSyncShadowsAfterRestoringWithoutShadows(self):
+    # The migration of a checkpoint written before the wrapper (or by a
+    # version with a shadow per statistic): restore what it has, then sync.
+    path = self.get_temp_dir() + "/before_the_wrapper"
+    with tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      not_shadows = [v for v in tf1.global_variables()
+                     if "skip_shadow" not in v.op.name]
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(train_op, {images: _batch(1)})
+        saved = sess.run(list(moving))
+        tf1.train.Saver(not_shadows).save(sess, path)
+    with tf.Graph().as_default():
+      images, train_op, moving = _legacy_train_op()
+      not_shadows = [v for v in tf1.global_variables()
+                     if "skip_shadow" not in v.op.name]
+      sync = tf1_safe_train.sync_shadows()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        tf1.train.Saver(not_shadows).restore(sess, path)
+        sess.run(sync)
+        sess.run(train_op, {images: _batch(4, nan=True)})
+        after_nan = sess.run(list(moving))
+    for value, restored in zip(after_nan, saved):
+      self.assertTrue(np.array_equal(restored, value))
 
 
 if __name__ == "__main__":

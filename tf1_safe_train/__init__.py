@@ -16,6 +16,7 @@ _EXPORTS = {
     "skip_counters": "tf1_safe_train.core.counters",
     "SkipNonFiniteOptimizer": "tf1_safe_train.core.optimizer",
     "SpikeConfig": "tf1_safe_train.core.spikes",
+    "sync_shadows": "tf1_safe_train.core.shadows",
 }
 # Modules a legacy script uses by name: tf1_safe_train.summaries.histogram.
 _MODULES = {"summaries": "tf1_safe_train.core.summaries"}

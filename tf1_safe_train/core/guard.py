@@ -142,13 +142,17 @@ def guarded_apply(grads_and_vars,
     # The decision checks the values the forward-pass updates wrote, and
     # waits for those updates, so the branches see (and save or undo) them.
     # Integer variables (e.g. counters an update op bumps) cannot be NaN.
+    # The same values (one concatenation per flat shadow) are what the
+    # apply branch saves into the shadows: it reads no variable itself.
     checked_writes = [v for v in protected.variables
                       if v.dtype.base_dtype.is_floating]
     updates = [rollback.as_op(u) for u in update_ops]
-    if checked_writes:
+    written = []
+    if protected.variables:
       with tf1.control_dependencies(updates):
-        any_bad = tf.logical_or(
-            any_bad, nonfinite.any_written_nonfinite(checked_writes))
+        written = protected.values()
+        any_bad = tf.logical_or(any_bad, nonfinite.any_written_nonfinite(
+            [w for w in written if w.dtype.base_dtype.is_floating]))
     skip = any_bad
     if spikes is not None:
       skip = tf.logical_or(any_bad, spikes.decide(checked, any_bad, loss))
@@ -173,7 +177,7 @@ def guarded_apply(grads_and_vars,
       with tf1.name_scope("apply"):
         update = apply_fn(list(grads_and_vars))
         with tf1.control_dependencies([update]):
-          steps = [protected.commit(),
+          steps = [protected.commit(written),
                    _increment(counters.applied_steps),
                    *[b.on_apply() for b in branch_ops + spike_ops],
                    tf1.assign(counters.consecutive_skips,

@@ -11,7 +11,7 @@ import contextlib
 
 import tensorflow as tf
 
-from tf1_safe_train.core import rollback
+from tf1_safe_train.core import shadows
 
 tf1 = tf.compat.v1
 
@@ -94,20 +94,9 @@ _CHECKS_ATTRIBUTE = "_tf1_safe_train_nonfinite_checks"
 
 
 def written_is_nonfinite(variable):
-  """Like is_nonfinite, of `variable`'s value read under the caller's deps.
-
-  A resource variable gets a new read. A ref variable's value is read by the
-  check itself from the variable's ref: Grappler may rewrite an Identity read
-  of a ref variable (`read_value()`) into the variable's cached snapshot,
-  which can run before the updates the caller's control dependencies name.
-  """
-  return _check(_written_value(variable))
-
-
-def _written_value(variable):
-  if rollback.is_ref_variable(variable):
-    return variable._ref()  # pylint: disable=protected-access
-  return variable.read_value()
+  """Like is_nonfinite, of `variable`'s value read under the caller's deps
+  (by `shadows.read_written`: a ref variable's by the check itself)."""
+  return _check(shadows.read_written(variable))
 
 
 def sum_duplicates(grad):
@@ -175,12 +164,14 @@ def any_nonfinite(grads):
     return _any_nonfinite(values)
 
 
-def any_written_nonfinite(variables):
-  """Like `any_nonfinite`, of `variables`' values read under the caller's
-  control dependencies (as `written_is_nonfinite`); False if none."""
-  if not variables:
+def any_written_nonfinite(values):
+  """Like `any_nonfinite`, of written variables' `values` (read as
+  `shadows.read_written` reads them), built under the caller's control
+  dependencies, which the reads of a ref variable's value need; False if
+  none."""
+  if not values:
     return tf.constant(False)
-  return _any_nonfinite([_written_value(v) for v in variables])
+  return _any_nonfinite(values)
 
 
 def _any_nonfinite(values):

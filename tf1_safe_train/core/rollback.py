@@ -2,9 +2,10 @@
 
 Batch-norm moving statistics are written by update ops built during the
 forward pass, outside the `tf.cond` that decides a step, so they cannot be
-moved into its apply branch. Each such variable gets a shadow copy: the apply
-branch copies the variable into its shadow, the skip branch copies the shadow
-back, so after a skipped step the variable holds its last applied value again.
+moved into its apply branch. Each such variable has a shadow copy (`shadows`:
+small ones share a flat one): the apply branch copies the variables into
+their shadows, the skip branch copies the shadows back, so after a skipped
+step every variable holds its last applied value again.
 Which variables an update op writes is found by `writes`. In a cluster
 (`statistics_deltas`) the writes become deltas applied with the decision
 instead.
@@ -13,72 +14,62 @@ instead.
 import contextlib
 
 import tensorflow as tf
-# Only to keep the shadows' collection out of exported meta graphs (below).
-from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 # Only to choose the cond implementation for ref variables (see below).
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from tf1_safe_train.core import shadows as shadows_lib
 from tf1_safe_train.core import writes
 
 tf1 = tf.compat.v1
 
-# Graph collection of (variable, shadow) pairs, so shadows are made once.
-_SHADOWS_COLLECTION = "tf1_safe_train_rollback_shadows"
-# A meta-graph export (every checkpoint of a MonitoredTrainingSession) cannot
-# serialize Python pairs and would warn about them: export nothing (the
-# shadows themselves are saved as the variables they are).
-tf_ops.register_proto_function(
-    _SHADOWS_COLLECTION, to_proto=lambda pair, export_scope=None: None)
 # The search for written variables lives in `writes`; these names stay here
 # for callers that import only this module.
 as_op = writes.as_op
 find_writes = writes.find_writes
 written_variables = writes.written_variables
-
-
-def _shadow(variable):
-  """Returns the shadow of `variable`, creating it on first use."""
-  graph = variable.graph
-  for var, shadow in graph.get_collection(_SHADOWS_COLLECTION):
-    if var is variable:
-      return shadow
-  with tf1.init_scope(), graph.name_scope(None), graph.colocate_with(variable):
-    # Saved in checkpoints with the variable: after a restart, a skip must
-    # restore the restored value, not the initial one.
-    shadow = tf1.Variable(
-        variable.initial_value,
-        name=variable.op.name + "/skip_shadow",
-        trainable=False,
-        collections=[tf1.GraphKeys.GLOBAL_VARIABLES],
-        use_resource=hasattr(variable, "handle"))
-  graph.add_to_collection(_SHADOWS_COLLECTION, (variable, shadow))
-  return shadow
+is_ref_variable = shadows_lib.is_ref_variable
 
 
 class Rollback(object):
   """Shadow copies of variables, saved on apply and restored on skip."""
 
   def __init__(self, variables):
-    """Creates (or reuses) a shadow for each variable.
+    """Finds (or creates) the shadows of `variables` (see `shadows`).
 
     Args:
       variables: the variables to protect.
     """
-    self._pairs = [(v, _shadow(v)) for v in variables]
+    self._variables = list(variables)
+    self._shadows = shadows_lib.shadows_for(self._variables)
 
   @property
   def variables(self):
-    return [v for v, _ in self._pairs]
+    return list(self._variables)
 
-  def commit(self, name="commit"):
-    """Op for the apply branch: each shadow takes its variable's value."""
+  def values(self):
+    """The shadowed variables' values now: one tensor per shadow.
+
+    Built under the caller's control dependencies (e.g. after the update
+    ops); `commit(values)` saves them, and a decision can check them, so
+    the apply branch reads no variable of its own.
+    """
+    return [s.value() for s in self._shadows]
+
+  def commit(self, values=None, name="commit"):
+    """Op for the apply branch: each shadow takes its variables' value.
+
+    Args:
+      values: `values()`, built before the branch; default: read in it.
+      name: name scope.
+    """
+    values = values or [None] * len(self._shadows)
     with tf1.name_scope(name):
-      return tf.group(*[tf1.assign(s, v.read_value()) for v, s in self._pairs])
+      return tf.group(*[s.commit(v) for s, v in zip(self._shadows, values)])
 
   def restore(self, name="restore"):
     """Op for the skip branch: each variable takes back its shadow's value."""
     with tf1.name_scope(name):
-      return tf.group(*[tf1.assign(v, s.read_value()) for v, s in self._pairs])
+      return tf.group(*[s.restore() for s in self._shadows])
 
 
 # Update-op writes `var += sign * value` that a cluster turns into deltas.
@@ -134,10 +125,6 @@ def statistics_deltas(update_ops):
     deltas.setdefault(variable.op, []).append(value)
   return [(tf.add_n(deltas[v.op]) if len(deltas[v.op]) > 1
            else deltas[v.op][0], v) for v in order]
-
-
-def is_ref_variable(variable):
-  return not hasattr(variable, "handle")
 
 
 @contextlib.contextmanager

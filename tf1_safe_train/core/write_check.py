@@ -19,7 +19,7 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 from tf1_safe_train.core import cond_walk
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import fetch_gate
-from tf1_safe_train.core import rollback
+from tf1_safe_train.core import shadows as shadows_lib
 
 tf1 = tf.compat.v1
 
@@ -37,9 +37,10 @@ _WRITE_TYPE = re.compile(
     r"^(Assign|(Resource)?(Sparse)?Apply|(Resource)?Scatter|"
     r"(Resource)?StridedSliceAssign)")
 # Ops a variable's ref, handle or value passes through on its way to a write.
+# A flat shadow's restore splits and reshapes it (`shadows`).
 _FORWARDING_TYPES = frozenset([
     "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter",
-    "ReadVariableOp"])
+    "ReadVariableOp", "SplitV", "Reshape"])
 
 
 def _origin(tensor, bindings):
@@ -128,10 +129,9 @@ def unguarded_writes(ops, decisions, handled_names=()):
       writes.append(_write(op))
   # A rollback (`protect()`) that this run executes assigns a variable from
   # its shadow: that variable is fine, and so is the shadow's own update.
-  shadows = {shadow.op: variable.op for variable, shadow in
-             graph.get_collection(rollback._SHADOWS_COLLECTION)}  # pylint: disable=protected-access
+  shadows = shadows_lib.shadowed(graph)
   restored = set(target for _, target, source in writes
-                 if shadows.get(source) is target)
+                 if target in shadows.get(source, ()))
   found = set()
   for op, target, _ in writes:
     if target in shadows or target in restored:

@@ -19,6 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.core import shadows
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import finite_state
 
@@ -233,6 +234,9 @@ class FiniteSaver(tf1.train.Saver):
           {n: v for n, v in kwargs["var_list"].items() if id(v) not in ids},
           save_relative_paths=kwargs.get("save_relative_paths", False))
       self._fresh_init = tf1.variables_initializer(self._fresh)
+      # A flat rollback shadow that starts afresh must hold the restored
+      # statistics, not their initial values (see `shadows`).
+      self._fresh_sync = shadows.sync_shadows(self._fresh)
 
   def restore(self, sess, save_path):
     names = (tf1.train.NewCheckpointReader(save_path)
@@ -241,6 +245,8 @@ class FiniteSaver(tf1.train.Saver):
       return super().restore(sess, save_path)
     self._restorer.restore(sess, save_path)
     sess.run(self._fresh_init)
+    if self._fresh_sync is not None:
+      sess.run(self._fresh_sync)
     logging.info("restored %s, which lacks %s: they start afresh (the state "
                  "of an option this run switched on)", save_path,
                  ", ".join(v.op.name for v in self._fresh))
