@@ -36,22 +36,51 @@ def replica_view(optimizer, pairs, tower_nonfinite):
   were all finite: the reports never fetch the chief's decision, which
   would run the aggregate's apply again. `counters` is None.
 
+  The reports fetch the view every step, so a good step pays for one fused
+  check of the gradients (`nonfinite.any_nonfinite`) only; the per-variable
+  flags, which name the variables of a skip, are checked when that says a
+  gradient is not finite (see `_flags_on_fault`).
+
   Args:
     optimizer: the `SyncReplicasOptimizer`, after `apply_gradients`.
-    pairs: this worker's (gradient, variable) pairs.
+    pairs: this worker's (gradient, variable) pairs; None gradients are
+      left out of the flags and `variable_names`, `IndexedSlices` are
+      checked through their values.
     tower_nonfinite: bool vector, one flag per tower of this worker.
   """
   # SyncReplicasHook runs it (a graph only inspected does not).
   optimizer.ready_for_local_init_op.mark_used()
-  flags = nonfinite.nonfinite_flags([g for g, _ in pairs if g is not None])
-  applied = tf.logical_not(tf.logical_or(tf.reduce_any(tower_nonfinite),
-                                         tf.reduce_any(flags)),
-                           name="replica_finite")
+  checked = [(g, v) for g, v in pairs if g is not None]
+  grads = [g for g, _ in checked]
+  with tf1.name_scope("replica_view"):
+    any_bad = nonfinite.any_nonfinite(grads)
+    applied = tf.logical_not(tf.logical_or(tf.reduce_any(tower_nonfinite),
+                                           any_bad),
+                             name="replica_finite")
+    flags = _flags_on_fault(any_bad, grads)
   return guard.GuardResult(
       train_op=None, applied=applied, nonfinite_flags=flags,
-      variable_names=[v.op.name for g, v in pairs if g is not None],
+      variable_names=[v.op.name for _, v in checked],
       counters=None, update_flags=tf.zeros([0], tf.bool),
       update_variable_names=[])
+
+
+def _flags_on_fault(any_bad, grads):
+  """`nonfinite.nonfinite_flags(grads)`, checked only if `any_bad`.
+
+  Otherwise all False, which the fused check proved. As the guard's skip
+  branch, but here no other branch captures the gradients, so the cond's
+  lowering adds a `Switch` per gradient to every step: one node that
+  forwards its input (no kernel on a GPU) instead of a check chain of three
+  kernels (`IsFinite`, `All`, `LogicalNot`) each. An `If` left unlowered
+  would run no `Switch`, but would copy to its own device, every step, each
+  gradient held on another.
+  """
+  if not grads:
+    return tf.zeros([0], tf.bool)
+  return tf.cond(any_bad, lambda: nonfinite.nonfinite_flags(grads),
+                 lambda: tf.zeros([len(grads)], tf.bool),
+                 name="nonfinite_flags")
 
 
 class SyncReplicasHook(tf1.train.SessionRunHook):
