@@ -242,6 +242,12 @@ class UserDatasetTest(data_test_util.GraphTestCase):
     _, _, hashed = self._columns(lambda: data.with_ids(self._user(names)))
     self.assertLen(np.unique(hashed), 10)
 
+  def testInt64IdFeatureIsTheDatasetItself(self):
+    # No map per batch for ids that need no conversion.
+    with tf.Graph().as_default():
+      dataset = self._user(np.arange(10, dtype=np.int64))
+      self.assertIs(data.with_ids(dataset), dataset)
+
   def testWithIdsRejectsOtherElements(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, "^with_ids: expected a dataset"):

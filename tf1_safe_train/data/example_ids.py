@@ -100,6 +100,9 @@ def with_ids(dataset):
     return dataset.map(lambda images, labels: (images, labels,
                                                content_ids(images)))
   dtype = spec[2].dtype
+  if dtype == tf.int64:
+    # Already ids: no map, which would cost every step a tf.data call.
+    return dataset
   if dtype == tf.string:
     to_int64 = content_ids
   elif dtype.is_integer:
