@@ -81,8 +81,13 @@ class ForensicsTest(tf.test.TestCase):
     bad = set(tower0["example_ids"])
 
     stored = _StoredIds()
-    second = train_lib.train(_params(train_dir, max_steps=4),
-                             extra_hooks=[stored])
+    with self.assertLogs(level="INFO") as logs:
+      second = train_lib.train(_params(train_dir, max_steps=4),
+                               extra_hooks=[stored])
+    # Said once at startup, not only in run_summary.json.
+    self.assertLen([m for m in logs.output if "not feeding 4 examples again "
+                    "(4 nonfinite input; --noexclude_reproducible_skips "
+                    "feeds them)" in m], 1)
     excluded = second["forensics"]["excluded_examples"]
     self.assertEqual(excluded["count"], 4)
     self.assertEqual(excluded["by_reason"], {"nonfinite_input": 4})

@@ -40,9 +40,10 @@ class SpikesTrainTest(tf.test.TestCase):
 
   def testDrillSpikeIsSkippedAndCountedByReason(self):
     train_dir = self._train_dir("on")
-    with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+    with self.assertLogs(logging.get_absl_logger(), "INFO") as logs:
       summary = train_lib.train(_params(train_dir, skip_spikes_sigma=6.0,
-                                        inject_nonfinite=_DRILL))
+                                        inject_nonfinite=_DRILL,
+                                        log_every_n_steps=12))
     self.assertEqual((summary["applied_steps"], summary["skipped_steps"]),
                      (10, 2))
     self.assertEqual(summary["spike_skips"], 1)
@@ -53,6 +54,9 @@ class SpikesTrainTest(tf.test.TestCase):
     self.assertRegex(lines[0], r"skipped step 8: spike, gradient norm "
                      r"\S+ > threshold \S+")
     self.assertIn("skipped step 10: non-finite", lines[1])
+    # The progress line tells the reasons apart too.
+    self.assertLen([r for r in logs.records if "applied 10  skipped 2 (1 "
+                    "spike)" in r.getMessage()], 1)
     values = train_dir_util.checkpoint_values(train_dir)
     self.assertEqual(values["spike_skips"], 1)
     # Statistics of the 10 applied steps only; finite.

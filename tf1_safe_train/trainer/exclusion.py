@@ -64,3 +64,19 @@ def excluded(train_dir):
   if rollbacks:
     summary["rollbacks"] = rollbacks
   return sorted(ids), summary
+
+
+def describe(summary):
+  """The startup line for `excluded`'s summary, or None if none is dropped.
+
+  A restarted run reads fewer examples than its data holds: say how many
+  and why, once, where the run's other startup lines are.
+  """
+  if not summary["count"]:
+    return None
+  reasons = ", ".join("%d %s" % (n, reason.replace("_", " "))
+                      for reason, n in sorted(summary["by_reason"].items())
+                      if n)
+  return ("not feeding %d example%s again (%s; "
+          "--noexclude_reproducible_skips feeds them)" %
+          (summary["count"], "" if summary["count"] == 1 else "s", reasons))

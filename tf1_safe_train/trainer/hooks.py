@@ -22,7 +22,7 @@ class ProgressHook(core_hooks.GatedHook):
 
   def __init__(self, step_index, loss, learning_rate, counters,
                examples_per_step, every_n_steps, summary_dir=None,
-               loss_scale=None):
+               loss_scale=None, skip_reasons=None):
     """Creates the hook.
 
     Args:
@@ -35,11 +35,15 @@ class ProgressHook(core_hooks.GatedHook):
       summary_dir: if set, also write an `examples_per_sec` summary there.
       loss_scale: optional float scalar tensor (the loss scale after the
         step), shown in the line.
+      skip_reasons: optional `spikes.ReasonCounters` read after the step
+        (with spike skips on): the line says how many skips were spikes.
     """
     self._fetches = {"step": step_index, "loss": loss, "lr": learning_rate,
                      "counters": counters}
     if loss_scale is not None:
       self._fetches["loss_scale"] = loss_scale
+    if skip_reasons is not None:
+      self._fetches["spike_skips"] = skip_reasons.spike_skips
     self._examples_per_step = examples_per_step
     self._every_n = every_n_steps
     self._summary_dir = summary_dir
@@ -69,11 +73,15 @@ class ProgressHook(core_hooks.GatedHook):
                                max(now - self._last_time, 1e-9))
     self._last_time, self._last_step = now, step
     counters = results["counters"]
+    spikes = ("" if "spike_skips" not in results else
+              " (%d spike%s)" % (results["spike_skips"],
+                                 "" if results["spike_skips"] == 1 else "s"))
     logging.info(
-        "step %d  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d%s",
+        "step %d  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d"
+        "%s%s",
         step + 1, results["loss"], results["lr"],
         "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
-        counters.applied_steps, counters.skipped_steps,
+        counters.applied_steps, counters.skipped_steps, spikes,
         "  loss scale %s" % core_hooks.format_scale(results["loss_scale"])
         if "loss_scale" in results else "")
     if self._summary_dir and self.examples_per_sec:

@@ -10,6 +10,7 @@ under a MonitoredSession until the run ends and writes
 import contextlib
 import time
 
+from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train import data
@@ -67,6 +68,9 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
   start = time.time()
   exclude_ids, excluded = exclusion.excluded(
       params.train_dir if params.exclude_reproducible_skips else None)
+  line = exclusion.describe(excluded)
+  if line:
+    logging.info(line)
   with tf.Graph().as_default(), contextlib.ExitStack() as owned:
     tf1.set_random_seed(params.seed)
     with strategy.device():
@@ -108,7 +112,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
             step.step_index, step.loss, step.learning_rate, step.counters,
             examples_per_step, params.log_every_n_steps,
             summary_dir=params.train_dir if is_chief else None,
-            loss_scale=step.loss_scale.scale if step.loss_scale else None),
+            loss_scale=step.loss_scale.scale if step.loss_scale else None,
+            skip_reasons=step.totals.get("skip_reasons")),
         hooks_lib.SkipReportHook(
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
