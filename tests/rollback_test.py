@@ -469,59 +469,47 @@ class LegacyBatchNormTest(tf.test.TestCase, parameterized.TestCase):
       self.assertTrue(np.array_equal(restored, value), (restored, value))
       self.assertFalse(np.array_equal(first, value))
 
+  def _restart_without_shadows(self, sync):
+    """(initial, saved, after a NaN step) statistics across a restart whose
+    checkpoint lacks the shadows (written before the wrapper, or by a
+    version with a shadow per statistic); `sync`: run sync_shadows."""
+    path = self.get_temp_dir() + "/no_shadows_%s" % sync
+    values = []
+    for restart in (False, True):
+      with tf.Graph().as_default():
+        images, train_op, moving = _legacy_train_op()
+        not_shadows = [v for v in tf1.global_variables()
+                       if "skip_shadow" not in v.op.name]
+        sync_op = tf1_safe_train.sync_shadows()
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          if not restart:
+            values.append(sess.run(list(moving)))
+            sess.run(train_op, {images: _batch(1)})
+            values.append(sess.run(list(moving)))
+            tf1.train.Saver(not_shadows).save(sess, path)
+            continue
+          tf1.train.Saver(not_shadows).restore(sess, path)
+          if sync:
+            sess.run(sync_op)
+          sess.run(train_op, {images: _batch(4, nan=True)})
+          values.append(sess.run(list(moving)))
+    return values
+
   def testWithoutSavedShadowsASkipWouldRestoreInitialValues(self):
     # Why the shadows must be checkpointed: restored without them, the first
     # skipped step after a restart takes the moving statistics back to their
     # initial values.
-    path = self.get_temp_dir() + "/no_shadows"
-    with tf.Graph().as_default():
-      images, train_op, moving = _legacy_train_op()
-      not_shadows = [v for v in tf1.global_variables()
-                     if "skip_shadow" not in v.op.name]
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        initial = sess.run(list(moving))
-        sess.run(train_op, {images: _batch(1)})
-        tf1.train.Saver(not_shadows).save(sess, path)
-    with tf.Graph().as_default():
-      images, train_op, moving = _legacy_train_op()
-      not_shadows = [v for v in tf1.global_variables()
-                     if "skip_shadow" not in v.op.name]
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        tf1.train.Saver(not_shadows).restore(sess, path)
-        sess.run(train_op, {images: _batch(4, nan=True)})
-        after_nan = sess.run(list(moving))
+    initial, _, after_nan = self._restart_without_shadows(sync=False)
     for value, first in zip(after_nan, initial):
       self.assertTrue(np.array_equal(first, value))
 
   def testSyncShadowsAfterRestoringWithoutShadows(self):
-    # The migration of a checkpoint written before the wrapper (or by a
-    # version with a shadow per statistic): restore what it has, then sync.
-    path = self.get_temp_dir() + "/before_the_wrapper"
-    with tf.Graph().as_default():
-      images, train_op, moving = _legacy_train_op()
-      not_shadows = [v for v in tf1.global_variables()
-                     if "skip_shadow" not in v.op.name]
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        sess.run(train_op, {images: _batch(1)})
-        saved = sess.run(list(moving))
-        tf1.train.Saver(not_shadows).save(sess, path)
-    with tf.Graph().as_default():
-      images, train_op, moving = _legacy_train_op()
-      not_shadows = [v for v in tf1.global_variables()
-                     if "skip_shadow" not in v.op.name]
-      sync = tf1_safe_train.sync_shadows()
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        tf1.train.Saver(not_shadows).restore(sess, path)
-        sess.run(sync)
-        sess.run(train_op, {images: _batch(4, nan=True)})
-        after_nan = sess.run(list(moving))
-    for value, restored in zip(after_nan, saved):
+    # The migration of such a checkpoint: restore what it has, then sync.
+    initial, saved, after_nan = self._restart_without_shadows(sync=True)
+    for value, restored, first in zip(after_nan, saved, initial):
       self.assertTrue(np.array_equal(restored, value))
-
+      self.assertFalse(np.array_equal(first, value))
 
 if __name__ == "__main__":
   tf.test.main()
