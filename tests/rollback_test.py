@@ -1,6 +1,7 @@
 """Tests for tf1_safe_train.core.rollback and .writes; legacy UPDATE_OPS."""
 
 import contextlib
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -11,6 +12,7 @@ import tf1_safe_train
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import shadows
 from tf1_safe_train.core import writes
 
 tf1 = tf.compat.v1
@@ -339,6 +341,54 @@ class RollbackTest(tf.test.TestCase):
         sess.run(first.restore())
         self.assertTrue(np.array_equal([7.0], sess.run(v)))
         self.assertTrue(np.array_equal([7.0], sess.run(shadows[0])))
+
+  def testSmallVariablesShareFlatShadowsOfBoundedSize(self):
+    with tf.Graph().as_default(), mock.patch.object(
+        shadows, "MAX_FLAT_ELEMENTS", 8):
+      shapes = {"scalar": [], "vector": [3], "matrix": [2, 2], "big": [9],
+                "more": [4], "ints": [2]}
+      variables = [
+          tf1.get_variable(name, shape, tf.int32 if name == "ints"
+                           else tf.float32, tf1.zeros_initializer(),
+                           trainable=False)
+          for name, shape in shapes.items()]
+      # A variable given twice is shadowed once.
+      protected = rollback.Rollback(variables + variables[:1])
+      held = sorted(sorted(op.name for op in ops) for ops in
+                    shadows.shadowed(tf1.get_default_graph()).values())
+      # 1 + 3 + 4 elements fill one flat shadow; "more" starts the next;
+      # "big" exceeds the bound alone; ints are another dtype.
+      self.assertEqual(held, [["big"], ["ints"], ["matrix", "scalar",
+                                                   "vector"], ["more"]])
+      commit, restore = protected.commit(), protected.restore()
+      saved = [np.arange(np.prod(s), dtype=v.dtype.as_numpy_dtype).reshape(s)
+               + 1 for v, s in zip(variables, shapes.values())]
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for v, value in zip(variables, saved):
+          v.load(value, sess)
+        sess.run(commit)
+        for v in variables:
+          v.load(np.zeros(v.shape, v.dtype.as_numpy_dtype) - 7, sess)
+        sess.run(restore)
+        for v, value in zip(variables, saved):
+          self.assertAllEqual(value, sess.run(v))
+
+  def testAVariableShadowedBeforeKeepsItsShadow(self):
+    with tf.Graph().as_default():
+      a, b, c = [tf1.get_variable(n, [2], trainable=False) for n in "abc"]
+      first = rollback.Rollback([a, b])
+      second = rollback.Rollback([b, c])
+      self.assertLen(shadows.shadowed(tf1.get_default_graph()), 2)
+      commit, restore = second.commit(), first.restore()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(first.commit())
+        b.load([5.0, 6.0], sess)
+        sess.run(commit)  # Saves b into the shadow it shares with a.
+        b.load([_NAN, _NAN], sess)
+        sess.run(restore)
+        self.assertAllEqual([5.0, 6.0], sess.run(b))
 
 
 def _legacy_net(images, labels):

@@ -145,11 +145,13 @@ def shadows_for(variables):
   for shadow in graph.get_collection(_COLLECTION):
     for v in shadow.variables:
       owner[id(v)] = shadow
-  found, new = [], []
+  found, new, seen = [], [], set()
   for v in variables:
+    if id(v) in seen:
+      continue
+    seen.add(id(v))
     shadow = owner.get(id(v))
     if shadow is None:
-      owner[id(v)] = None
       new.append(v)
     elif all(shadow is not s for s in found):
       found.append(shadow)
@@ -159,19 +161,25 @@ def shadows_for(variables):
            if _flattenable(v) else ("alone", id(v)))
     groups.setdefault(key, []).append(v)
   for vs in groups.values():
-    batch, size = [], 0
-    for v in vs + [None]:
-      if v is None or (batch and
-                       size + v.shape.num_elements() > MAX_FLAT_ELEMENTS):
-        if batch:
-          shadow = Shadow(batch)
-          graph.add_to_collection(_COLLECTION, shadow)
-          found.append(shadow)
-        batch, size = [], 0
-      if v is not None:
-        batch.append(v)
-        size += v.shape.num_elements() or 0
+    for batch in _batches(vs):
+      shadow = Shadow(batch)
+      graph.add_to_collection(_COLLECTION, shadow)
+      found.append(shadow)
   return found
+
+
+def _batches(variables):
+  """`variables` in runs of at most `MAX_FLAT_ELEMENTS` elements."""
+  batch, size = [], 0
+  for v in variables:
+    elements = v.shape.num_elements() or 0
+    if batch and size + elements > MAX_FLAT_ELEMENTS:
+      yield batch
+      batch, size = [], 0
+    batch.append(v)
+    size += elements
+  if batch:
+    yield batch
 
 
 def shadowed(graph):
