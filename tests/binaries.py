@@ -7,6 +7,7 @@ Its stderr is read without TensorFlow's C++ start-up notices.
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -103,3 +104,45 @@ class OneLineErrorAssertions(object):
     self.assertEqual(our_lines(result.stderr.strip())[-1], errors[0])
     for text in expected:
       self.assertIn(text, errors[0])
+
+
+def processes_with(marker):
+  """Pids (other than ours) whose command line holds `marker` (e.g. a run's
+  unique train_dir): what a test checks is left running, or kills."""
+  found = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+      continue
+    try:
+      with open("/proc/%s/cmdline" % pid, "rb") as f:
+        if marker.encode() in f.read():
+          found.append(int(pid))
+    except OSError:
+      continue
+  return found
+
+
+def has_tf_config(pid):
+  """True if process `pid` runs with a TF_CONFIG (a cluster task), False
+  otherwise or if it is gone."""
+  try:
+    with open("/proc/%d/environ" % pid, "rb") as f:
+      return b"TF_CONFIG=" in f.read()
+  except OSError:
+    return False
+
+
+def kill(pids):
+  """SIGKILLs `pids`, those already gone included."""
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+
+
+def kill_leftovers(marker):
+  """Kills (and returns) the processes whose command line holds `marker`."""
+  left = processes_with(marker)
+  kill(left)
+  return left

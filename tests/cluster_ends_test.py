@@ -12,7 +12,6 @@ they started in a finally block.
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import tempfile
@@ -35,29 +34,8 @@ _TRAIN_FLAGS = ("--batch_size=4", "--num_towers=1", "--device=cpu",
 _PROGRESS = re.compile(r"hooks.py:\d+\] step \d+ ")
 
 
-def _processes_with(marker):
-  """{pid: has TF_CONFIG} of the processes whose command line holds marker."""
-  found = {}
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      with open("/proc/%s/cmdline" % pid, "rb") as f:
-        if marker.encode() not in f.read():
-          continue
-      with open("/proc/%s/environ" % pid, "rb") as f:
-        found[int(pid)] = b"TF_CONFIG=" in f.read()
-    except OSError:
-      continue
-  return found
 
 
-def _kill(pids):
-  for pid in pids:
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
 
 
 def _read(path):
@@ -111,7 +89,7 @@ class ClusterEndsTest(tf.test.TestCase):
         if process.poll() is None:
           process.kill()
         process.wait(timeout=60)
-      _kill(_processes_with(train_dir))
+      binaries.kill(binaries.processes_with(train_dir))
     text = _read(logs["worker"])
     self.assertEqual(processes["worker"].returncode, 1, text[-3000:])
     self.assertNotIn("Traceback", text)
@@ -151,22 +129,23 @@ class ClusterEndsTest(tf.test.TestCase):
         for port in ports:
           with self.assertRaises(ConnectionRefusedError, msg=port):
             socket.create_connection(("127.0.0.1", int(port)), timeout=10)
-      processes = _processes_with(train_dir)
+      processes = {pid: binaries.has_tf_config(pid)
+                   for pid in binaries.processes_with(train_dir)}
       tasks = [pid for pid, is_task in processes.items() if is_task]
       self.assertLen(tasks, 3, _read(log_path)[-3000:])
       # The launcher (and Bazel's stub that may run it): kill -9.
-      _kill([pid for pid, is_task in processes.items() if not is_task])
+      binaries.kill([pid for pid, is_task in processes.items() if not is_task])
       launcher.wait(timeout=60)
       # Gone within the watchdog's polls (the ps dies at once of its
       # SIGTERM; a worker told to stop without its ps exits).
-      gone = _wait_for(lambda: not set(tasks) & set(_processes_with(
+      gone = _wait_for(lambda: not set(tasks) & set(binaries.processes_with(
           train_dir)), 120)
-      left = sorted(set(tasks) & set(_processes_with(train_dir)))
+      left = sorted(set(tasks) & set(binaries.processes_with(train_dir)))
     finally:
       if launcher.poll() is None:
         launcher.kill()
         launcher.wait(timeout=60)
-      _kill(_processes_with(train_dir))
+      binaries.kill(binaries.processes_with(train_dir))
     self.assertTrue(gone, "tasks left running: %s" % left)
 
 

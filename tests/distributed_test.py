@@ -36,30 +36,8 @@ _COUNTERS = {"global_step", "applied_steps", "skipped_steps",
              "nonfinite_steps_by_tower"}
 
 
-def _processes_with(marker):
-  """Pids (other than ours) whose command line contains `marker`."""
-  found = []
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      with open("/proc/%s/cmdline" % pid, "rb") as f:
-        if marker.encode() in f.read():
-          found.append(int(pid))
-    except OSError:
-      continue
-  return found
 
 
-def _kill_leftovers(marker):
-  """Kills (and returns) the processes whose command line holds `marker`."""
-  left = _processes_with(marker)
-  for pid in left:
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-  return left
 
 
 def _task_lines(text, task):
@@ -119,7 +97,7 @@ class DistributedTrainTest(tf.test.TestCase):
       if process.poll() is None:
         process.kill()
         process.communicate()
-      left = _kill_leftovers(train_dir)
+      left = binaries.kill_leftovers(train_dir)
       self.assertEqual(left, [], "processes left running")
     return process.returncode, out, err
 
@@ -278,7 +256,7 @@ class DistributedTrainTest(tf.test.TestCase):
         if process.poll() is None:
           process.kill()
         process.wait(timeout=30)
-      left = _kill_leftovers(train_dir)
+      left = binaries.kill_leftovers(train_dir)
     self.assertEqual(left, [])
     self.assertTrue(all(p.poll() is not None for p in processes.values()))
     summary = _read_summary(train_dir)
@@ -368,7 +346,7 @@ class LocalClusterLauncherTest(tf.test.TestCase):
     try:
       return launcher.run()
     finally:
-      left = _kill_leftovers(marker)
+      left = binaries.kill_leftovers(marker)
       self.assertEqual(left, [], "processes left running")
       self.assertTrue(all(t.poll() is not None for t in launcher.tasks))
 
@@ -426,13 +404,13 @@ class LocalClusterLauncherTest(tf.test.TestCase):
       launcher.kill()
       launcher.wait(timeout=30)
       deadline = time.monotonic() + 30
-      while _processes_with(marker) and time.monotonic() < deadline:
+      while binaries.processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     finally:
       if launcher.poll() is None:
         launcher.kill()
       launcher.stdout.close()
-      left = _kill_leftovers(marker)
+      left = binaries.kill_leftovers(marker)
     self.assertEqual(left, [])
 
   def testRejectsClusterFlagsInOneLine(self):

@@ -8,7 +8,6 @@ refused with --sync_replicas in one line.
 
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import uuid
@@ -30,21 +29,6 @@ def _checkpoint_values(path):
           for name in reader.get_variable_to_shape_map()}
 
 
-def _kill_leftovers(marker):
-  """Kills (and returns) the processes whose command line holds `marker`."""
-  left = []
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      with open("/proc/%s/cmdline" % pid, "rb") as f:
-        if marker.encode() not in f.read():
-          continue
-      os.kill(int(pid), signal.SIGKILL)
-      left.append(int(pid))
-    except OSError:
-      continue
-  return left
 
 
 class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
@@ -67,7 +51,7 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
       if process.poll() is None:
         process.kill()
         process.communicate()
-      self.assertEqual(_kill_leftovers(train_dir), [],
+      self.assertEqual(binaries.kill_leftovers(train_dir), [],
                        "processes left running")
     self.assertEqual(process.returncode, 0, err[-3000:])
     self._log = err
