@@ -18,7 +18,6 @@ from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
-from tf1_safe_train.trainer import rollback_checkpoint
 from tf1_safe_train.trainer import rollback_window
 from tf1_safe_train.trainer import train_lib
 
@@ -174,6 +173,35 @@ class RollbackRunTest(tf.test.TestCase):
                   "with at most -80 applied steps: the streak began after 20"
                   % train_dir, summary["rollback_refused"])
 
+  def testAThirdRollbackGoesBackPastTheFirstsCheckpoint(self):
+    # Saves every 5 steps, streaks of 2, M = 2. Rollback 1 at step 14 (12
+    # applied) restores model.ckpt-10; rollback 2 at 22 (16 applied)
+    # restores model.ckpt-15, written after rollback 1 (11 applied);
+    # rollback 3 at 24 (still 11) needs at most 9 applied: model.ckpt-5,
+    # written before any rollback, the only such ancestor (model.ckpt-20 of
+    # the window rollback 2 abandoned is not one).
+    train_dir, summary, weights = self._train(
+        inject_nonfinite="nan@12-13:0,nan@20-23:0", max_steps=30,
+        max_consecutive_skips=2, rollback_min_applied_steps=2,
+        max_rollbacks=3)
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(
+        [(r["at_step"], r["checkpoint"], r["applied_steps_undone"])
+         for r in summary["rollbacks"]],
+        [(14, "model.ckpt-10", 2), (22, "model.ckpt-15", 5),
+         (24, "model.ckpt-5", 6)])
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
+                              "rolled_back_steps", "rollback_count")],
+        [30, 11, 6, 13, 3])
+    self.assertAllEqual(weights[24], weights[5])
+    self.assertEqual(
+        [step for step, _ in rollback_window.excluded_ids(train_dir)],
+        [14, 22, 24])
+    final = self.assertCheckpointsConsistent(train_dir)
+    self.assertEqual([int(final[k]) for k in ("rollbacks", "rollback_to_step")],
+                     [3, 5])
+
   def testARunThatGaveUpResumesWithRollback(self):
     # The run gave up with stop (the default); its checkpoints lack the
     # rollback state, which starts fresh, and the rollback restores one of
@@ -230,48 +258,6 @@ class RollbackRunTest(tf.test.TestCase):
     values = train_dir_util.checkpoint_values(
         train_dir_util.latest_checkpoint(train_dir))
     self.assertNotIn("rolled_back_steps", values)
-
-
-def _fake_checkpoint(train_dir, step, applied, rollbacks):
-  """A model.ckpt-`step` holding only the counters `choose_checkpoint` reads."""
-  with tf.Graph().as_default():
-    names = {"global_step": step, "applied_steps": applied,
-             "rollbacks": rollbacks}
-    variables = [tf1.Variable(np.int64(v), name=n) for n, v in names.items()]
-    with tf1.Session() as session:
-      session.run(tf1.global_variables_initializer())
-      tf1.train.Saver(variables).save(
-          session, os.path.join(train_dir, "model.ckpt"), global_step=step)
-
-
-class ChooseCheckpointTest(tf.test.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    # Rolled back once, at step 24, to model.ckpt-15: model.ckpt-20 holds
-    # the abandoned window, model.ckpt-25 the model restored then.
-    self.train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    for step, applied, rollbacks in ((10, 10, 0), (15, 15, 0), (20, 20, 0),
-                                     (25, 15, 1), (30, 20, 1)):
-      _fake_checkpoint(self.train_dir, step, applied, rollbacks)
-
-  def choose(self, max_applied, at_step=35):
-    path, step, applied = rollback_checkpoint.choose_checkpoint(
-        self.train_dir, at_step, max_applied, rollbacks=1, rollback_to_step=15)
-    return (os.path.basename(path), step, applied) if path else step
-
-  def testNewestAncestorWithFewEnoughAppliedSteps(self):
-    self.assertEqual(self.choose(20), ("model.ckpt-30", 30, 20))
-    self.assertEqual(self.choose(19), ("model.ckpt-25", 25, 15))
-
-  def testNeverTheAbandonedWindow(self):
-    # model.ckpt-20 has few enough applied steps and is the newest before
-    # step 25, but the rollback abandoned it.
-    self.assertEqual(self.choose(20, at_step=25), ("model.ckpt-15", 15, 15))
-    self.assertEqual(self.choose(14), ("model.ckpt-10", 10, 10))
-
-  def testNoneQualifies(self):
-    self.assertIn("qualifies", self.choose(9))
 
 
 class RollbackWindowTest(tf.test.TestCase):

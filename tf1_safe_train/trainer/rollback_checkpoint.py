@@ -3,6 +3,23 @@
 The newest intact, finite checkpoint before the streak with few enough
 applied steps, among the current model's ancestors: a checkpoint written in
 a window an earlier rollback abandoned holds a model that was thrown away.
+
+The ancestry comes from the checkpoints themselves. Each one holds
+`rollbacks` (the rollbacks done when it was written) and `rollback_to_step`
+(the checkpoint the last of them restored), so the model's history is a
+chain of lineages, newest first: the checkpoints written since the last
+rollback (they hold the current `rollbacks`); then, up to the checkpoint
+that rollback restored, those of the lineage it was written in (its own
+`rollbacks`); then up to the checkpoint *it* descends from (its own
+`rollback_to_step`), and so on. A checkpoint of an abandoned window holds
+a `rollbacks` on that chain but a step past the link, or a `rollbacks` the
+chain skips (a rollback that went back past an earlier one).
+
+Why not `rollback_window.jsonl`: it is appended before the restore, so it
+also lists a rollback that a SIGKILL cut before any checkpoint recorded it;
+the restarted run, resumed from a checkpoint before it, may never redo it,
+and the checkpoints it writes inside that window are ancestors. The
+checkpoints say only what happened to the model they hold.
 """
 
 import os
@@ -18,21 +35,67 @@ def _read(reader, names, name, default):
   return int(reader.get_tensor(name)) if name in names else default
 
 
+def _recovery_state(path):
+  """(rollbacks, rollback_to_step) held by checkpoint `path`, or None.
+
+  A checkpoint written without rollback (e.g. by a run that gave up with
+  --on_persistent_skips=stop) holds none: no rollback yet (0, -1).
+  """
+  try:
+    reader = tf1.train.NewCheckpointReader(path)
+    names = reader.get_variable_to_shape_map()
+    return (_read(reader, names, "rollbacks", 0),
+            _read(reader, names, "rollback_to_step", -1))
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def lineages(train_dir, on_disk, rollbacks, rollback_to_step):
+  """[(rollbacks, last step or None)]: the current model's ancestry.
+
+  A checkpoint is an ancestor iff it holds one of these `rollbacks` and a
+  step at most its bound (None: no bound, the current lineage).
+
+  Args:
+    train_dir: the run's directory.
+    on_disk: `checkpoints.on_disk(train_dir)`.
+    rollbacks, rollback_to_step: the current model's recovery state.
+  """
+  chain = [(rollbacks, None)]
+  later, link = rollbacks, rollback_to_step
+  while link >= 0:
+    state = (_recovery_state(os.path.join(train_dir, on_disk[link]))
+             if link in on_disk else None)
+    # Both strictly decrease along a genuine chain: anything else is damage.
+    if state is None or not state[0] < later or not state[1] < link:
+      # The link is pruned (keep_checkpoint_max: older ones went first) or
+      # unreadable. What it held is unknown; the lineage just before the
+      # rollback that restored it (`later` - 1) is still certain: its
+      # checkpoints up to the link are ancestors (if the link came from an
+      # older lineage, that one has no checkpoint at or before the link).
+      # Nothing older is trusted.
+      if later > 0:
+        chain.append((later - 1, link))
+      break
+    chain.append((state[0], link))
+    later, link = state
+  return chain
+
+
 def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
                       rollback_to_step):
   """The checkpoint a rollback restores: (path, global_step, applied_steps).
 
   The newest intact checkpoint of `train_dir` before `at_step` holding at
   most `max_applied` applied steps, among the ancestors of the current
-  model: those written since the last rollback (they hold `rollbacks`),
-  and those before it up to the one it restored (`rollback_to_step`); the
-  checkpoints in between come from the abandoned window.
+  model (`lineages`), however many rollbacks ago they were written.
 
   Returns:
     (path, step, applied), or (None, reason, None).
   """
-  for step, name in sorted(checkpoints.on_disk(train_dir).items(),
-                           reverse=True):
+  on_disk = checkpoints.on_disk(train_dir)
+  chain = lineages(train_dir, on_disk, rollbacks, rollback_to_step)
+  for step, name in sorted(on_disk.items(), reverse=True):
     if step >= at_step:
       continue
     path = os.path.join(train_dir, name)
@@ -43,8 +106,8 @@ def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
       written_after = _read(reader, names, "rollbacks", 0)
     except Exception:  # pylint: disable=broad-except
       continue  # Damaged: an older one may do.
-    ancestor = (written_after == rollbacks or
-                (written_after == rollbacks - 1 and step <= rollback_to_step))
+    ancestor = any(written_after == r and (bound is None or step <= bound)
+                   for r, bound in chain)
     if (ancestor and applied is not None and applied <= max_applied and
         checkpoints.damage(path, require_finite=True) is None):
       return path, step, applied
