@@ -441,6 +441,28 @@ class GuardedApplyTest(tf.test.TestCase):
         sess.run(result.train_op, {batch: [_INF, _NAN]})
         self.assertTrue(np.array_equal(after_apply, sess.run(moving_mean)))
 
+  def testUpdateOpThatWritesATrainedWeightKeepsTheAppliedValue(self):
+    # A max-norm clip as an update op: it writes the weight before the
+    # decision, the update trains it after. A skip must take it back to
+    # its value after the last applied update, not to the clipped one.
+    with tf.Graph().as_default():
+      grad = tf1.placeholder(tf.float32, [2])
+      w = tf1.get_variable("w", initializer=tf.constant([3.0, 4.0]))
+      clip = tf1.assign(w, tf.clip_by_norm(w, 4.0))
+      result = guard.guarded_apply(
+          [(grad, w)],
+          tf1.train.GradientDescentOptimizer(1.0).apply_gradients,
+          update_ops=[clip])
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(result.train_op, {grad: [-1.0, -1.0]})
+        applied = sess.run(w)  # [3.4, 4.2]: clipped to norm 4, then +1.
+        self.assertAllClose([3.4, 4.2], applied)
+        _, was_applied = sess.run([result.train_op, result.applied],
+                                  {grad: [_NAN, 0.0]})
+        self.assertFalse(was_applied)
+        self.assertTrue(np.array_equal(applied, sess.run(w)))
+
   def testNonFiniteStatisticSkipsEvenBehindFiniteGradients(self):
     for use_resource in (True, False):
       with tf.Graph().as_default():

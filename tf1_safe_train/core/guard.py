@@ -143,7 +143,12 @@ def guarded_apply(grads_and_vars,
     # waits for those updates, so the branches see (and save or undo) them.
     # Integer variables (e.g. counters an update op bumps) cannot be NaN.
     # The same values (one concatenation per flat shadow) are what the
-    # apply branch saves into the shadows: it reads no variable itself.
+    # apply branch saves into the shadows: it reads no variable itself;
+    # unless the update also trains one of them (an update op that writes a
+    # weight, e.g. a max-norm clip): the shadow must then hold the value
+    # after the update, read in the branch.
+    trained = set(id(v) for _, v in checked)
+    saved_before = not any(id(v) in trained for v in protected.variables)
     checked_writes = [v for v in protected.variables
                       if v.dtype.base_dtype.is_floating]
     updates = [rollback.as_op(u) for u in update_ops]
@@ -177,7 +182,7 @@ def guarded_apply(grads_and_vars,
       with tf1.name_scope("apply"):
         update = apply_fn(list(grads_and_vars))
         with tf1.control_dependencies([update]):
-          steps = [protected.commit(written),
+          steps = [protected.commit(written if saved_before else None),
                    _increment(counters.applied_steps),
                    *[b.on_apply() for b in branch_ops + spike_ops],
                    tf1.assign(counters.consecutive_skips,
