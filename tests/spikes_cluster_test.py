@@ -86,13 +86,14 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
     self.assertGreaterEqual(summary["applied_steps"], 10)
     # Every skip is a spike; none is non-finite.
     self.assertNotIn("non-finite", self._log)
-    # The chief reads the shared counters while the other worker may be
-    # inside a skip (skipped_steps counted, spike_skips not yet): async
-    # counts are a snapshot, off by at most that worker's step (seen on a
-    # loaded machine). nonfinite_skips is skipped_steps - spike_skips.
-    self.assertIn(summary["nonfinite_skips"], (0, 1))
+    # The chief reads the shared counters while the other worker skips:
+    # skips are read before spikes, which a skip counts first, so no spike
+    # is ever counted as non-finite (it was, 1 or 2 of them, under load).
+    self.assertEqual(summary["nonfinite_skips"], 0)
+    # The last checkpoint, saved while the other worker may be between the
+    # two counts of a skip (its spike counted, the skip not yet).
     values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
-    self.assertIn(values["skipped_steps"] - values["spike_skips"], (0, 1))
+    self.assertIn(values["skipped_steps"] - values["spike_skips"], (-1, 0))
     self.assertTrue(all(np.isfinite(v).all() for v in values.values()
                         if np.issubdtype(np.asarray(v).dtype, np.floating)))
 

@@ -194,10 +194,13 @@ def guarded_apply(grads_and_vars,
 
     def _skip_branch():
       with tf1.name_scope("skip"):
-        steps = [protected.restore(),
-                 _increment(counters.skipped_steps),
-                 *_on_skip(),
-                 *[b.on_skip() for b in spike_ops],
+        # A spike is counted before the skip (`spikes.read_reasons` reads
+        # in the other order), so another worker's read of both never sees
+        # a skip without its reason: nonfinite_skips is their difference.
+        spike_counts = [b.on_skip() for b in spike_ops]
+        with tf1.control_dependencies(spike_counts):
+          skipped = _increment(counters.skipped_steps)
+        steps = [protected.restore(), skipped, *_on_skip(),
                  _increment(counters.consecutive_skips)]
         with tf1.control_dependencies(steps):
           return tf.identity(tf.constant(False))

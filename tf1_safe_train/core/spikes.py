@@ -73,10 +73,17 @@ def spike_skips_variable(graph=None):
 
 
 def read_reasons(skipped_steps, op):
-  """`ReasonCounters` read after `op`; `skipped_steps` is the variable."""
+  """`ReasonCounters` read after `op`; `skipped_steps` is the variable.
+
+  Async workers skip while one reads: skips are read before spikes, which
+  a skip counts first (`guard`), so the non-finite count (clipped at 0) is
+  never more than the true one; exact once the other workers stop.
+  """
   with tf1.name_scope("read_skip_reasons"), tf1.control_dependencies([op]):
-    spike = tf.identity(spike_skips_variable().read_value())
-    return ReasonCounters(skipped_steps.read_value() - spike, spike)
+    skipped = skipped_steps.read_value()
+    with tf1.control_dependencies([skipped]):
+      spike = tf.identity(spike_skips_variable().read_value())
+    return ReasonCounters(tf.maximum(skipped - spike, 0), spike)
 
 
 class SpikeConfig(collections.namedtuple(

@@ -87,16 +87,19 @@ def build(params, latest, steps_run, first_step_time, start, end,
   timed_steps = steps_run - 1
   timed_seconds = end - first_step_time if first_step_time else 0.0
   counters = latest["counters"]
-  # Without --skip_spikes_sigma every skip is a non-finite one.
-  spike_skips = int(latest["skip_reasons"].spike_skips
-                    if "skip_reasons" in latest else 0)
+  # Without --skip_spikes_sigma every skip is a non-finite one. With it
+  # the reasons come from one consistent read (`spikes.read_reasons`).
+  reasons = latest.get("skip_reasons")
+  spike_skips = int(reasons.spike_skips) if reasons else 0
+  nonfinite_skips = (int(reasons.nonfinite_skips) if reasons
+                     else int(counters.skipped_steps))
   return {
       **({"loss_scale": float(latest["loss_scale"])}
          if "loss_scale" in latest else {}),
       "global_step": int(latest["global_step"]),
       "applied_steps": int(counters.applied_steps),
       "skipped_steps": int(counters.skipped_steps),
-      "nonfinite_skips": int(counters.skipped_steps) - spike_skips,
+      "nonfinite_skips": nonfinite_skips,
       "spike_skips": spike_skips,
       "consecutive_skips": int(counters.consecutive_skips),
       "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
