@@ -146,3 +146,22 @@ def kill_leftovers(marker):
   left = processes_with(marker)
   kill(left)
   return left
+
+
+def run_to_end(command, marker, timeout):
+  """Runs `command` (a launcher of several processes) to its end.
+
+  Returns (exit code, stdout, stderr, the pids still running with `marker`
+  in their command line afterwards, which it kills): a test asserts there
+  are none. A run over `timeout` seconds is killed first.
+  """
+  process = subprocess.Popen(command, env=env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    out, err = process.communicate(timeout=timeout)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.communicate()
+    left = kill_leftovers(marker)
+  return process.returncode, out, err, left

@@ -88,18 +88,10 @@ class DistributedTrainTest(tf.test.TestCase):
     command = binaries.command("local_cluster") + [
         "--num_ps=1", "--num_workers=2", "--stop_grace_secs=30", "--",
         "--train_dir=" + train_dir] + list(_TRAIN_FLAGS) + list(flags)
-    process = subprocess.Popen(command, env=binaries.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    try:
-      out, err = process.communicate(timeout=_RUN_TIMEOUT_SECS)
-    finally:
-      if process.poll() is None:
-        process.kill()
-        process.communicate()
-      left = binaries.kill_leftovers(train_dir)
-      self.assertEqual(left, [], "processes left running")
-    return process.returncode, out, err
+    returncode, out, err, left = binaries.run_to_end(command, train_dir,
+                                                     _RUN_TIMEOUT_SECS)
+    self.assertEqual(left, [], "processes left running")
+    return returncode, out, err
 
   def testAsyncDropsOnlyThePoisonedWorkersUpdates(self):
     train_dir = self._train_dir()

@@ -8,7 +8,6 @@ refused with --sync_replicas in one line.
 
 import json
 import os
-import subprocess
 import tempfile
 import uuid
 
@@ -42,18 +41,10 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
         "--train_dir=" + train_dir, "--batch_size=4", "--num_towers=1",
         "--device=cpu", "--save_summaries_steps=1000",
         "--skip_spikes_sigma=6", "--spike_warmup_steps=8"] + list(flags)
-    process = subprocess.Popen(command, env=binaries.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    try:
-      _, err = process.communicate(timeout=_TIMEOUT_SECS)
-    finally:
-      if process.poll() is None:
-        process.kill()
-        process.communicate()
-      self.assertEqual(binaries.kill_leftovers(train_dir), [],
-                       "processes left running")
-    self.assertEqual(process.returncode, 0, err[-3000:])
+    returncode, _, err, left = binaries.run_to_end(command, train_dir,
+                                                   _TIMEOUT_SECS)
+    self.assertEqual(left, [], "processes left running")
+    self.assertEqual(returncode, 0, err[-3000:])
     self._log = err
     with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
       return train_dir, json.load(f)
