@@ -1,0 +1,159 @@
+"""The package as pip installs it: a wheel built offline, used elsewhere.
+
+The wheel is built from a copy of the sources (`pip wheel` writes build/ and
+*.egg-info next to them), installed without dependencies into a fresh
+virtualenv that sees the project's TensorFlow through a `.pth` file, and
+used from outside the repository: the README's wrapper example and the
+binaries as `python -m tf1_safe_train.NAME`.
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import tensorflow as tf
+
+_BINARIES = ("train", "eval", "replay", "local_cluster")
+
+
+def _root():
+  """Where this test's inputs are: the runfiles under Bazel, else the repo."""
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    return os.path.join(srcdir, os.environ["TEST_WORKSPACE"])
+  return os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+
+
+def _source_root():
+  """The repository itself (runfiles link into it)."""
+  return os.path.dirname(
+      os.path.realpath(os.path.join(_root(), "pyproject.toml")))
+
+
+def _modules(root):
+  """The package's .py files under `root`, relative to it."""
+  return sorted(
+      os.path.relpath(path, root) for path in glob.glob(
+          os.path.join(root, "tf1_safe_train", "**", "*.py"), recursive=True))
+
+
+def _copy_sources(destination):
+  """Copies what `pip wheel` needs (no build outputs, no BUILD files)."""
+  root = _root()
+  for name in ["pyproject.toml", "README.md"] + _modules(root):
+    os.makedirs(os.path.join(destination, os.path.dirname(name)),
+                exist_ok=True)
+    shutil.copyfile(os.path.join(root, name), os.path.join(destination, name))
+
+
+def _env():
+  """This environment, offline for pip, without this test's sys.path."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PIP_NO_INDEX="1",
+             PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_CACHE_DIR="1")
+  for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"):
+    env.pop(name, None)
+  return env
+
+
+def _run(args, cwd, timeout=300):
+  result = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+  if result.returncode != 0:
+    raise AssertionError("%s exited %d:\n%s\n%s" % (
+        " ".join(args), result.returncode, result.stdout, result.stderr))
+  return result
+
+
+def _readme_example():
+  """The python block after the readme-example marker (tests/readme_test)."""
+  with open(os.path.join(_root(), "README.md")) as f:
+    match = re.search(r"<!-- readme-example[^>]*-->\s*```python\n(.*?)```",
+                      f.read(), re.S)
+  return match.group(1)
+
+
+class PipInstallTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    work = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"),
+                        "pip_install_test_%d" % os.getpid())
+    shutil.rmtree(work, ignore_errors=True)
+    cls.work = work
+    cls.sources = os.path.join(work, "src")
+    _copy_sources(cls.sources)
+    dist = os.path.join(work, "dist")
+    _run([sys.executable, "-m", "pip", "wheel", cls.sources, "--no-deps",
+          "--no-build-isolation", "-w", dist], cwd=work)
+    cls.wheel, = glob.glob(os.path.join(dist, "*.whl"))
+    # A fresh virtualenv whose only view of the project's packages
+    # (TensorFlow, absl, numpy) is a .pth file: it is installed without
+    # dependencies, as a user's virtualenv that has TensorFlow already.
+    venv = os.path.join(work, "venv")
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=work)
+    cls.python = os.path.join(venv, "bin", "python")
+    site = _run([cls.python, "-c",
+                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                cwd=work).stdout.strip()
+    with open(os.path.join(site, "project_packages.pth"), "w") as f:
+      f.write(sysconfig.get_paths()["purelib"] + "\n")
+    _run([sys.executable, "-m", "pip", "--python", cls.python, "install",
+          "--no-deps", cls.wheel], cwd=work)
+    cls.site = site
+    cls.outside = os.path.join(work, "elsewhere")
+    os.makedirs(cls.outside)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.work, ignore_errors=True)
+    super().tearDownClass()
+
+  def testSourcesHoldTheWholePackage(self):
+    # Under Bazel the sources are the runfiles of //:pip_sources: a module
+    # that no target there reaches would be missing from the wheel.
+    self.assertEqual(_modules(self.sources), _modules(_source_root()))
+    self.assertIn(os.path.join("tf1_safe_train", "core", "optimizer.py"),
+                  _modules(self.sources))
+
+  def testWheelRequiresNoTensorFlow(self):
+    # A requirement on `tensorflow` would pull a second TensorFlow over
+    # tensorflow-cpu or tensorflow[and-cuda]; only the extras name one.
+    with zipfile.ZipFile(self.wheel) as wheel:
+      metadata, = [n for n in wheel.namelist() if n.endswith("/METADATA")]
+      requires = re.findall(r"(?m)^Requires-Dist: (.*)$",
+                            wheel.read(metadata).decode())
+    self.assertIn("absl-py", requires)
+    for requirement in requires:
+      if requirement.startswith("tensorflow"):
+        self.assertIn("extra ==", requirement)
+
+  def testReadmeExampleRunsFromTheInstalledPackage(self):
+    code = ("import tf1_safe_train\nprint('from', tf1_safe_train.__file__)\n" +
+            _readme_example())
+    result = _run([self.python, "-c", code], cwd=self.outside)
+    self.assertIn("from " + os.path.join(self.site, "tf1_safe_train"),
+                  result.stdout)
+    self.assertIn("global_step 5 applied 4 skipped 1 finite True",
+                  result.stdout)
+
+  def testBinariesRunAsModules(self):
+    for binary in _BINARIES:
+      with self.subTest(binary=binary):
+        result = _run([self.python, "-m", "tf1_safe_train." + binary,
+                       "--help"], cwd=self.outside)
+        self.assertIn(
+            os.path.join(self.site, "tf1_safe_train", binary + ".py"),
+            result.stdout)
+    result = _run([self.python, "-m", "tf1_safe_train.train", "--help"],
+                  cwd=self.outside)
+    self.assertIn("--max_steps", result.stdout)
+
+
+if __name__ == "__main__":
+  tf.test.main()
