@@ -8,6 +8,7 @@ declarations give (and those are the flags the binary defines).
 
 import glob
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -127,7 +128,7 @@ class ReadmeTest(tf.test.TestCase):
     names = set()
     for page in _pages():
       names.update((page, name) for name in re.findall(
-          r"\btf1_safe_train((?:\.[A-Za-z_]\w*)+)", _read(page)))
+          r"(?<!-m )\btf1_safe_train((?:\.[A-Za-z_]\w*)+)", _read(page)))
     self.assertIn(".GiveUpHook", {name for _, name in names})
     for page, name in sorted(names):
       with self.subTest(page=page, name=name):
@@ -140,6 +141,21 @@ class ReadmeTest(tf.test.TestCase):
                 ".".join(["tf1_safe_train"] + parts[:i + 1]))
           value = getattr(value, part)
         self.assertTrue(callable(value), name)
+
+  def testEveryModuleItRunsWithPythonMExists(self):
+    # `python -m tf1_safe_train.train`: a main module (found, not imported:
+    # the binaries' modules define their flags when imported).
+    modules = set()
+    for page in _pages():
+      modules.update((page, name) for name in re.findall(
+          r"python -m (tf1_safe_train(?:\.\w+)+)", _read(page)))
+    self.assertIn(("README.md", "tf1_safe_train.train"), modules)
+    for page, module in sorted(modules):
+      with self.subTest(page=page, module=module):
+        spec = importlib.util.find_spec(module)
+        self.assertIsNotNone(spec, module)
+        with open(spec.origin) as f:
+          self.assertIn('if __name__ == "__main__":', f.read())
 
   def testQuickStartCommandsAreThere(self):
     readme = _readme()
