@@ -4,7 +4,8 @@ The wheel is built from a copy of the sources (`pip wheel` writes build/ and
 *.egg-info next to them), installed without dependencies into a fresh
 virtualenv that sees the project's TensorFlow through a `.pth` file, and
 used from outside the repository: the README's wrapper example and the
-binaries as `python -m tf1_safe_train.NAME`.
+binaries as `python -m tf1_safe_train.NAME`; and into one without
+TensorFlow, which says what to install.
 """
 
 import glob
@@ -106,6 +107,12 @@ class PipInstallTest(tf.test.TestCase):
     _run([sys.executable, "-m", "pip", "--python", cls.python, "install",
           "--no-deps", cls.wheel], cwd=work)
     cls.site = site
+    # And one without TensorFlow.
+    bare = os.path.join(work, "bare")
+    _run([sys.executable, "-m", "venv", "--without-pip", bare], cwd=work)
+    cls.bare_python = os.path.join(bare, "bin", "python")
+    _run([sys.executable, "-m", "pip", "--python", cls.bare_python,
+          "install", "--no-deps", cls.wheel], cwd=work)
     cls.outside = os.path.join(work, "elsewhere")
     os.makedirs(cls.outside)
 
@@ -141,6 +148,18 @@ class PipInstallTest(tf.test.TestCase):
                   result.stdout)
     self.assertIn("global_step 5 applied 4 skipped 1 finite True",
                   result.stdout)
+
+  def testWithoutTensorFlowSaysWhatToInstall(self):
+    result = subprocess.run(
+        [self.bare_python, "-c",
+         "import tf1_safe_train; tf1_safe_train.SkipNonFiniteOptimizer"],
+        cwd=self.outside, env=_env(), capture_output=True, text=True,
+        timeout=60, check=False)
+    self.assertNotEqual(0, result.returncode)
+    self.assertIn(
+        "ImportError: tf1_safe_train needs TensorFlow (2.21 is the version "
+        "tested), which this Python does not have: pip install "
+        "tensorflow-cpu==2.21.*", result.stderr)
 
   def testBinariesRunAsModules(self):
     for binary in _BINARIES:

@@ -9,6 +9,7 @@ The public names are loaded on first use, so that `import tf1_safe_train.cli`
 """
 
 import importlib
+import importlib.util
 
 _EXPORTS = {
     "GiveUpHook": "tf1_safe_train.core.hooks",
@@ -43,15 +44,30 @@ _MOVED = dict(
 
 __all__ = sorted(list(_EXPORTS) + list(_MODULES))
 
+# TensorFlow is not a requirement of the pip package (pyproject.toml says
+# why), so a virtualenv without it is told here what to install, rather
+# than meeting "No module named 'tensorflow'" deep inside a module.
+_NO_TENSORFLOW = (
+    "tf1_safe_train needs TensorFlow (2.21 is the version tested), which "
+    "this Python does not have: pip install tensorflow-cpu==2.21.* or "
+    "'tensorflow[and-cuda]==2.21.*' (or the extra tf1_safe_train[cpu] or "
+    "[gpu])")
+
+
+def _load(module):
+  if importlib.util.find_spec("tensorflow") is None:
+    raise ImportError(_NO_TENSORFLOW, name="tensorflow")
+  return importlib.import_module(module)
+
 
 def __getattr__(name):
   if name in _MODULES:
-    return importlib.import_module(_MODULES[name])
+    return _load(_MODULES[name])
   if name in _MOVED:
-    return importlib.import_module(_MOVED[name])
+    return _load(_MOVED[name])
   if name not in _EXPORTS:
     raise AttributeError("module 'tf1_safe_train' has no attribute %r" % name)
-  return getattr(importlib.import_module(_EXPORTS[name]), name)
+  return getattr(_load(_EXPORTS[name]), name)
 
 
 def __dir__():
