@@ -22,10 +22,24 @@ tf1 = tf.compat.v1
 
 
 def device_of(grads_and_vars):
-  """The device of a list's gradients (or, without one, of its variables)."""
+  """A tower's device: its gradients' (or, without one, its variables').
+
+  For towers that share the variables (`tower_grads_and_vars`): the shared
+  variables sit on one device, each tower's gradients on its own.
+  """
   for g, _ in grads_and_vars:
     if g is not None and g.device:
       return g.device
+  return variables_device(grads_and_vars)
+
+
+def variables_device(grads_and_vars):
+  """A device copy's device: its variables' (of those with a gradient).
+
+  For per-device variable copies (`apply_gradients_per_device`): their
+  gradients may all sit on one device (an all-reduce summed there), the
+  variables do not.
+  """
   for g, v in grads_and_vars:
     if g is not None and v.device:
       return v.device
