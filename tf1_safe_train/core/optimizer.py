@@ -16,6 +16,7 @@ from tf1_safe_train.core import guard
 from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import per_device
+from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train.core import step_report
@@ -120,6 +121,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                           else spikes_lib.SpikeConfig.of(skip_spikes))
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
+    # {id(variable): (variable, gradient)} compute_gradients returned since
+    # then, for the skip report (`raw_gradients`); (None, None) if twice.
+    self._computed = {}
     # Variables the last step already handles (global_step, counters, rolled
     # back update-op targets): `protect` leaves them alone.
     self._step_variables = []
@@ -143,10 +147,15 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       # rolls them back (tf-slim's barrier on the loss; see the class doc).
       self._losses.append(loss)
     if self._loss_scale is None:
-      return self._optimizer.compute_gradients(loss, *args, **kwargs)
-    return self._loss_scale.gradients(
-        lambda scaled, **kw: self._optimizer.compute_gradients(
-            scaled, *args, **kw), loss, **kwargs)
+      pairs = self._optimizer.compute_gradients(loss, *args, **kwargs)
+    else:
+      pairs = self._loss_scale.gradients(
+          lambda scaled, **kw: self._optimizer.compute_gradients(
+              scaled, *args, **kw), loss, **kwargs)
+    for g, v in pairs:
+      self._computed[id(v)] = ((None, None) if id(v) in self._computed
+                               else (v, g))
+    return pairs
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
                       *, tower_grads_and_vars=None, loss=None):
@@ -170,6 +179,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       The step's train op.
     """
     grads_and_vars = tuple(grads_and_vars)
+    # Before the change (e.g. clipping) the script made after computing.
+    raw = raw_gradients.before_changes(
+        [(g, v) for g, v in grads_and_vars if g is not None], self._computed)
 
     def apply_fn(checked_grads_and_vars):
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
@@ -180,7 +192,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     if tower_grads_and_vars is not None:
       towers, devices = step_report.tower_flags(grads_and_vars,
                                                 tower_grads_and_vars)
-    self._set_report(result, global_step, towers, devices)
+    self._set_report(result, global_step, towers, devices, raw)
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
@@ -196,6 +208,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
           "in one session.run (one per device), use "
           "apply_gradients_per_device.", self._name)
     losses, self._losses = self._losses, []
+    self._computed = {}
     self._note_replay_outputs(losses, grads_and_vars)
     update_ops = self._update_ops
     if update_ops is None:
