@@ -37,9 +37,9 @@ def _model():
       tf_keras.layers.Dense(1)])
 
 
-def _compiled(model):
+def _compiled(model, optimizer=None, **kwargs):
   opt = optimizer_lib.SkipNonFiniteOptimizer(
-      tf1.train.MomentumOptimizer(0.1, momentum=0.9))
+      optimizer or tf1.train.MomentumOptimizer(0.1, momentum=0.9), **kwargs)
   model.compile(optimizer=opt, loss="mse")  # The one line.
   return opt
 
@@ -100,14 +100,19 @@ class KerasGraphModeTest(tf.test.TestCase):
       self.assertEqual(_counters(), [3, 1, 0])
 
   def testVariablesHoldTheWrappersOwn(self):
-    # What Keras initializes: the counters and the statistics' shadows too.
+    # What Keras initializes: the counters, the statistics' shadows and the
+    # loss scale too.
     with tf.Graph().as_default():
       model = _model()
-      opt = _compiled(model)
+      opt = _compiled(model, tf1.train.AdamOptimizer(0.01),
+                      loss_scale="dynamic")
       model.train_on_batch(_X[:2], _Y[:2])
+      model.train_on_batch(_NAN_X[2:4], _Y[2:4])
       names = [v.op.name for v in opt.variables()]
-    self.assertContainsSubset(["applied_steps", "skipped_steps",
-                               "consecutive_skips"], names)
+      self.assertEqual(_counters(), [1, 1, 1])
+    self.assertContainsSubset(["training/beta1_power", "applied_steps",
+                               "skipped_steps", "consecutive_skips",
+                               "loss_scale/scale"], names)
     self.assertTrue(any("skip_shadow" in n for n in names), names)
 
   def testKerasOptimizerIsRefused(self):

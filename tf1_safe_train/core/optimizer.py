@@ -314,6 +314,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     """
     graph = tf1.get_default_graph()
     own = [v for v in self._own_variables if v.graph is graph]
+    if self._loss_scale is not None:  # Made with the wrapper, not a step.
+      own += [v for v in self._loss_scale.variables if v.graph is graph]
     if (self._last_result is not None and
         self._last_result.applied.graph is graph):
       own = list(counters_lib.skip_counters(graph)) + own
