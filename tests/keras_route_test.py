@@ -17,6 +17,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tf_keras  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import optimizer_test_util as test_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tf1_safe_train.core import counters as counters_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tf1_safe_train.core import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -67,6 +68,12 @@ class KerasGraphModeTest(tf.test.TestCase):
       np.testing.assert_array_equal(value, after[name], err_msg=name)
 
   def testTrainOnBatchSkipsNanBatch(self):
+    # (Keras makes resource variables either way.)
+    for name, config in [("CondV2", {}), ("CondV1", {"control_flow_v2": False})]:
+      with self.subTest(name), test_util.tf_config(**config):
+        self._checkTrainOnBatchSkipsNanBatch()
+
+  def _checkTrainOnBatchSkipsNanBatch(self):
     with tf.Graph().as_default():
       model = _model()
       opt = _compiled(model)
