@@ -1,4 +1,4 @@
-"""Keras 2 in graph mode: `model.compile(optimizer=SkipNonFiniteOptimizer(...))`.
+"""Keras 2 in graph mode: `compile(optimizer=SkipNonFiniteOptimizer(...))`.
 
 A tiny model with BatchNormalization, trained by `train_on_batch` and `fit`
 on a batch that holds a NaN: the weights, the optimizer's slots and the
@@ -69,7 +69,8 @@ class KerasGraphModeTest(tf.test.TestCase):
 
   def testTrainOnBatchSkipsNanBatch(self):
     # (Keras makes resource variables either way.)
-    for name, config in [("CondV2", {}), ("CondV1", {"control_flow_v2": False})]:
+    for name, config in [("CondV2", {}),
+                         ("CondV1", {"control_flow_v2": False})]:
       with self.subTest(name), test_util.tf_config(**config):
         self._checkTrainOnBatchSkipsNanBatch()
 
