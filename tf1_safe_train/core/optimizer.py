@@ -320,8 +320,10 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         self._last_result.applied.graph is graph):
       own = list(counters_lib.skip_counters(graph)) + own
     found = list(self._optimizer.variables())
+    seen = {id(v) for v in found}
     for v in own:
-      if all(v is not f for f in found):
+      if id(v) not in seen:
+        seen.add(id(v))
         found.append(v)
     return found
 
