@@ -134,6 +134,48 @@ class PerDeviceStepTest(tf.test.TestCase):
             optimizers=[tf1.train.GradientDescentOptimizer(0.1)])
 
 
+class ReportDevicesTest(tf.test.TestCase):
+  """The report's devices are the copies' (variables'), not the gradients'."""
+
+  def _line(self, groups_fn):
+    with tf.Graph().as_default():
+      inputs, grads_and_vars, _ = _per_device_model()
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      train_op = opt.apply_gradients_per_device(groups_fn(grads_and_vars))
+      report = opt.report_fetches(train_op)
+      with self.session(config=_config()) as sess:
+        sess.run(tf1.global_variables_initializer())
+        _, values = sess.run([train_op, report], {
+            inputs[0]: test_util.GOOD_X, inputs[1]: test_util.NAN_X})
+    return opt.describe_skip(values)
+
+  def testAllReducedOnDeviceZeroNamesEachCopysDevice(self):
+    def all_reduced(grads_and_vars):
+      # A naive all-reduce: summed on device 0, each copy applies the sum.
+      with tf.device(_DEVICES[0]):
+        sums = [tf.add_n([g0, g1]) for (g0, _), (g1, _) in
+                zip(*grads_and_vars)]
+      return [[(s, v) for s, (_, v) in zip(sums, group)]
+              for group in grads_and_vars]
+    self.assertEqual(
+        self._line(all_reduced),
+        "skipped step 0: non-finite gradients in towers 0 (/device:CPU:0), "
+        "1 (/device:CPU:1); variables: device0/w, device0/b, device1/w, "
+        "device1/b")
+
+  def testOneAveragedGroupNamesNoTower(self):
+    # Parameter-server style: every tower's gradients averaged onto one copy
+    # (device 0's); which tower was non-finite is not known here.
+    def averaged(grads_and_vars):
+      with tf.device(_DEVICES[0]):
+        return [[(tf.add_n([g0, g1]) / 2.0, v0) for (g0, v0), (g1, _) in
+                 zip(*grads_and_vars)]]
+    self.assertEqual(self._line(averaged),
+                     "skipped step 0: non-finite gradients; variables: "
+                     "device0/w, device0/b")
+
+
 class TwoStepsInOneRunTest(tf.test.TestCase):
 
   def _two_calls(self):

@@ -101,6 +101,51 @@ class SkipReportTest(tf.test.TestCase):
                      ["skipped step 1", "skipped step 1"])
 
 
+class ClippedGradientsTest(tf.test.TestCase):
+  """`tf.clip_by_global_norm` before `apply_gradients` (BERT's structure)."""
+
+  def _line(self, route, x_value):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      w0 = tf1.get_variable("w0", initializer=tf.constant([0.25, -0.5, 1.0]))
+      w1 = tf1.get_variable("w1", initializer=tf.constant(0.125))
+      # Only w0's gradient depends on x.
+      loss = tf.reduce_sum(w0 * x) + tf.square(w1)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      if route == "compute_gradients":
+        grads, tvars = zip(*opt.compute_gradients(loss))
+      else:
+        tvars = [w0, w1]
+        grads = tf.gradients(loss, tvars)
+      clipped, _ = tf.clip_by_global_norm(grads, clip_norm=1.0)
+      train_op = opt.apply_gradients(zip(clipped, tvars))
+      report = opt.report_fetches(train_op)
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        _, values = sess.run([train_op, report],
+                             {x: np.array(x_value, np.float32)})
+    return opt.describe_skip(values)
+
+  def testNamesTheGradientThatWasNonFiniteBeforeClipping(self):
+    for route in ("compute_gradients", "tf.gradients"):
+      with self.subTest(route):
+        self.assertEqual(
+            self._line(route, [0.5, float("nan"), 2.0]),
+            "skipped step 0: non-finite gradients; variables: w0; spread to "
+            "w1 after the gradients were computed (e.g. by "
+            "tf.clip_by_global_norm)")
+
+  def testSaysWhenClippingItselfOverflowed(self):
+    # Finite gradients whose global norm overflows float32: every clipped
+    # gradient is NaN.
+    self.assertEqual(
+        self._line("tf.gradients", [1e30, 1e30, 1e30]),
+        "skipped step 0: non-finite gradients; variables: w0, w1 (finite as "
+        "computed, made non-finite after: e.g. tf.clip_by_global_norm of a "
+        "norm that overflows)")
+
+
 class WriteCheckTest(tf.test.TestCase):
 
   def _ema_step(self, protect, strict=False, **config):

@@ -13,8 +13,10 @@ import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import guard
+from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import per_device
+from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train.core import step_report
@@ -99,8 +101,10 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       ValueError: for an unknown `loss_scale` or a bad `skip_spikes`.
     """
     if not isinstance(optimizer, tf1.train.Optimizer):
+      # (A Keras optimizer too: its updates are not a tf.compat.v1 step.)
       raise TypeError("SkipNonFiniteOptimizer wraps a tf.compat.v1.train."
-                      "Optimizer, got %r" % (optimizer,))
+                      "Optimizer (not a Keras optimizer), got %r"
+                      % (optimizer,))
     super(SkipNonFiniteOptimizer, self).__init__(use_locking=False, name=name)
     self._optimizer = optimizer
     self._increment_global_step_on_skip = increment_global_step_on_skip
@@ -117,9 +121,15 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                           else spikes_lib.SpikeConfig.of(skip_spikes))
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
+    # {id(variable): (variable, gradient)} compute_gradients returned since
+    # then, for the skip report (`raw_gradients`); (None, None) if twice.
+    self._computed = {}
     # Variables the last step already handles (global_step, counters, rolled
     # back update-op targets): `protect` leaves them alone.
     self._step_variables = []
+    # Variables the wrapper's steps and `protect` created (counters, shadows,
+    # loss scale, spike statistics): `variables()` includes them.
+    self._own_variables = []
 
   @property
   def wrapped_optimizer(self):
@@ -137,10 +147,15 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       # rolls them back (tf-slim's barrier on the loss; see the class doc).
       self._losses.append(loss)
     if self._loss_scale is None:
-      return self._optimizer.compute_gradients(loss, *args, **kwargs)
-    return self._loss_scale.gradients(
-        lambda scaled, **kw: self._optimizer.compute_gradients(
-            scaled, *args, **kw), loss, **kwargs)
+      pairs = self._optimizer.compute_gradients(loss, *args, **kwargs)
+    else:
+      pairs = self._loss_scale.gradients(
+          lambda scaled, **kw: self._optimizer.compute_gradients(
+              scaled, *args, **kw), loss, **kwargs)
+    for g, v in pairs:
+      self._computed[id(v)] = ((None, None) if id(v) in self._computed
+                               else (v, g))
+    return pairs
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
                       *, tower_grads_and_vars=None, loss=None):
@@ -164,6 +179,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       The step's train op.
     """
     grads_and_vars = tuple(grads_and_vars)
+    # Before the change (e.g. clipping) the script made after computing.
+    raw = raw_gradients.before_changes(
+        [(g, v) for g, v in grads_and_vars if g is not None], self._computed)
 
     def apply_fn(checked_grads_and_vars):
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
@@ -174,12 +192,13 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     if tower_grads_and_vars is not None:
       towers, devices = step_report.tower_flags(grads_and_vars,
                                                 tower_grads_and_vars)
-    self._set_report(result, global_step, towers, devices)
+    self._set_report(result, global_step, towers, devices, raw)
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
                   optimizers_and_pairs, loss=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
+    keras_route.check_graph_mode()
     if self._last_result is not None:
       # Not an error: a GAN's two steps are built by two calls (and run by
       # two session.run calls); device copies of one step are not.
@@ -189,6 +208,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
           "in one session.run (one per device), use "
           "apply_gradients_per_device.", self._name)
     losses, self._losses = self._losses, []
+    self._computed = {}
     self._note_replay_outputs(losses, grads_and_vars)
     update_ops = self._update_ops
     if update_ops is None:
@@ -197,6 +217,10 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       update_ops = rollback.update_ops_run_by(
           [g for g, _ in grads_and_vars if g is not None] + losses,
           self._name + "_control_dependencies")
+      # Keras 2 (`compile(optimizer=...)`) runs its model's updates next to
+      # the step, and tells the optimizer nothing of them.
+      update_ops += keras_route.compiling_model_updates(update_ops)
+    known = _graph_variables()
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
@@ -223,6 +247,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         spikes=detector, loss=loss,
         name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
+    self._note_own_variables(known)
     self._last_result = result
     self._step_variables = (
         rollback.written_variables(update_ops) +
@@ -261,9 +286,18 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         something that is not a global or local variable.
     """
     result = self._result()
-    return rollback.protect([rollback.as_op(o) for o in tf.nest.flatten(op)],
-                            result.applied,
-                            {v.op.name for v in self._step_variables}, name)
+    known = _graph_variables()
+    protected = rollback.protect(
+        [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
+        {v.op.name for v in self._step_variables}, name)
+    self._note_own_variables(known)
+    return protected
+
+  def _note_own_variables(self, known):
+    """Notes the graph's variables not in `known` (ids) as the wrapper's."""
+    self._own_variables += [
+        v for v in tf1.global_variables() + tf1.local_variables()
+        if id(v) not in known]
 
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)
@@ -272,4 +306,28 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     return self._optimizer.get_slot_names()
 
   def variables(self):
-    return self._optimizer.variables()
+    """The wrapped optimizer's variables, then the wrapper's in this graph.
+
+    The wrapper's: the skip counters and whatever its steps and `protect`
+    created (shadows, loss scale, spike statistics). Keras 2 initializes
+    what this returns (`compile(optimizer=SkipNonFiniteOptimizer(...))`).
+    """
+    graph = tf1.get_default_graph()
+    own = [v for v in self._own_variables if v.graph is graph]
+    if self._loss_scale is not None:  # Made with the wrapper, not a step.
+      own += [v for v in self._loss_scale.variables if v.graph is graph]
+    if (self._last_result is not None and
+        self._last_result.applied.graph is graph):
+      own = list(counters_lib.skip_counters(graph)) + own
+    found = list(self._optimizer.variables())
+    seen = {id(v) for v in found}
+    for v in own:
+      if id(v) not in seen:
+        seen.add(id(v))
+        found.append(v)
+    return found
+
+
+def _graph_variables():
+  """Ids of the default graph's global and local variables."""
+  return {id(v) for v in tf1.global_variables() + tf1.local_variables()}

@@ -47,11 +47,18 @@ def apply_fn(optimizers, groups, name):
 
 
 def report_rows(result, groups):
-  """(per-device flag rows, the devices) of the step's report."""
+  """(per-device flag rows, the devices) of the step's report.
+
+  (None, None) for one group: one device's copy, e.g. the gradients of all
+  towers averaged onto the parameter server's variables, cannot tell which
+  tower was non-finite; the report then names the variables only.
+  """
+  if len(groups) < 2:
+    return None, None
   checked_sizes = [sum(1 for g, _ in group if g is not None)
                    for group in groups]
   return (step_report.segment_flags(result.nonfinite_flags, checked_sizes),
-          [step_report.device_of(group) for group in groups])
+          [step_report.variables_device(group) for group in groups])
 
 
 class PerDeviceSteps(object):

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import hooks
 from tf1_safe_train.core import nonfinite
+from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import spikes
 from tf1_safe_train.core import write_check
@@ -22,10 +23,24 @@ tf1 = tf.compat.v1
 
 
 def device_of(grads_and_vars):
-  """The device of a list's gradients (or, without one, of its variables)."""
+  """A tower's device: its gradients' (or, without one, its variables').
+
+  For towers that share the variables (`tower_grads_and_vars`): the shared
+  variables sit on one device, each tower's gradients on its own.
+  """
   for g, _ in grads_and_vars:
     if g is not None and g.device:
       return g.device
+  return variables_device(grads_and_vars)
+
+
+def variables_device(grads_and_vars):
+  """A device copy's device: its variables' (of those with a gradient).
+
+  For per-device variable copies (`apply_gradients_per_device`): their
+  gradients may all sit on one device (an all-reduce summed there), the
+  variables do not.
+  """
   for g, v in grads_and_vars:
     if g is not None and v.device:
       return v.device
@@ -58,7 +73,8 @@ def step_index(result, global_step, increment_global_step_on_skip):
 class StepReport(object):
   """What to fetch with a guarded train op to report its skips."""
 
-  def __init__(self, step, result, tower_flags=None, tower_devices=None):
+  def __init__(self, step, result, tower_flags=None, tower_devices=None,
+               raw_flags=None):
     """Creates the report of one guarded step.
 
     Args:
@@ -68,6 +84,9 @@ class StepReport(object):
         non-finite gradient) or [num_towers, len(variable_names)] (of
         which variables: e.g. per device, `segment_flags`).
       tower_devices: the towers' device strings ("" if unknown).
+      raw_flags: optional bool tensor aligned with the checked variables:
+        their gradients as computed, before the script changed them
+        (`raw_gradients.flags`), for a report without towers.
     """
     self._variable_names = list(result.variable_names)
     self._update_names = list(result.update_variable_names)
@@ -77,6 +96,8 @@ class StepReport(object):
                     "update_flags": result.update_flags}
     if tower_flags is not None:
       self.fetches["towers"] = tower_flags
+    elif raw_flags is not None:
+      self.fetches["raw_flags"] = raw_flags
     if result.spikes is not None:
       self.fetches["spikes"] = spikes.fetches(result.spikes)
 
@@ -102,7 +123,9 @@ class StepReport(object):
                                  self._variable_names, self._tower_devices)
     elif flags.any():
       line = "skipped step %d: non-finite gradients; variables: %s" % (
-          step, _names(self._variable_names, flags))
+          step, raw_gradients.describe(
+              lambda f: _names(self._variable_names, f), flags,
+              values.get("raw_flags")))
     else:
       line = "skipped step %d" % step
     update_flags = np.asarray(values["update_flags"], dtype=bool)
@@ -216,20 +239,24 @@ class Reporting(object):
     return self._last_result
 
 
-  def _set_report(self, result, global_step, towers, devices):
+  def _set_report(self, result, global_step, towers, devices,
+                  raw_grads=None):
     """Notes the last step's report; built when first asked for, so a step
     nobody reports on (the trainer's, which has its own) adds no op."""
     self._report = None
-    self._report_args = (result, global_step, towers, devices)
+    self._report_args = (result, global_step, towers, devices, raw_grads)
 
   def _built_report(self):
     if self._report is None:
       self._result()  # Raises the usual error before any step.
-      result, global_step, towers, devices = self._report_args
+      result, global_step, towers, devices, raw_grads = self._report_args
+      raw_flags = None
       with tf1.name_scope(self._name + "_report"):
         step = step_index(result, global_step,
                           self._increment_global_step_on_skip)
-      self._report = StepReport(step, result, towers, devices)
+        if raw_grads is not None and towers is None:
+          raw_flags = raw_gradients.flags(raw_grads, result.applied)
+      self._report = StepReport(step, result, towers, devices, raw_flags)
     return self._report
 
   def report_fetches(self, train_op=None):

@@ -1,0 +1,99 @@
+"""The Keras 2 route: `model.compile(optimizer=SkipNonFiniteOptimizer(...))`.
+
+tf_keras wraps a `tf.compat.v1.train.Optimizer` in its `TFOptimizer`, whose
+`get_updates` calls the wrapper's `compute_gradients`/`apply_gradients` from
+`Model._make_train_function`; the model's own updates (BatchNormalization's
+moving statistics, not in `UPDATE_OPS`) are grouped next to the step there,
+after it returns. This module finds those updates for the wrapper, and
+refuses the routes a graph-mode step cannot take (eager Keras, `tf.function`).
+"""
+
+import sys
+
+import tensorflow as tf
+
+from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-direct-tensorflow-import
+
+tf1 = tf.compat.v1
+
+# The tf_keras (2.x) method that asks the optimizer for its updates and then
+# groups the model's own updates next to them (engine/training_v1.py).
+_TRAIN_FUNCTION_BUILDER = "_make_train_function"
+# How far up the stack that frame can be: TFOptimizer.get_updates, the
+# wrapper's apply_gradients and _build_step are in between.
+_MAX_FRAMES = 12
+
+
+def check_graph_mode(graph=None):
+  """Raises ValueError if the step would be built eagerly or in a tf.function.
+
+  The guard is one `tf.cond` over graph variables, counted and reported by
+  session runs: Keras 2 in eager mode calls `apply_gradients` while tracing
+  its `tf.function`, where none of that holds. A `tf.cond` or while branch
+  inside a graph is fine (control-flow function graphs).
+  """
+  if tf.executing_eagerly():
+    raise ValueError(_GRAPH_MODE_ONLY % "eagerly")
+  graph = graph or tf1.get_default_graph()
+  while graph is not None and getattr(graph, "building_function", False):
+    if not isinstance(graph,
+                      control_flow_v2_func_graphs.ControlFlowFuncGraph):
+      raise ValueError(_GRAPH_MODE_ONLY % "inside a tf.function")
+    graph = getattr(graph, "outer_graph", None)
+
+
+_GRAPH_MODE_ONLY = (
+    "SkipNonFiniteOptimizer builds graph-mode (tf.compat.v1) steps and was "
+    "called %s (e.g. Keras in eager mode): call "
+    "tf.compat.v1.disable_eager_execution() before building the model")
+
+
+def model_being_compiled(max_frames=_MAX_FRAMES):
+  """The tf_keras model whose train function is being built, or None.
+
+  tf_keras passes the optimizer no model and puts the model's updates in no
+  collection: the model is `self` of `Model._make_train_function`, a few
+  frames up when `TFOptimizer.get_updates` calls the wrapper.
+  """
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  for _ in range(max_frames):
+    if frame is None:
+      return None
+    code = frame.f_code
+    if (code.co_name == _TRAIN_FUNCTION_BUILDER and
+        "keras" in code.co_filename):
+      model = frame.f_locals.get("self")
+      if hasattr(model, "get_updates_for"):
+        return model
+    frame = frame.f_back
+  return None
+
+
+def model_updates(model):
+  """The update ops Keras groups into `model`'s train function.
+
+  The same list `_make_train_function` adds after the optimizer's updates:
+  the unconditional ones and those of the model's inputs (BatchNormalization's
+  moving mean and variance, in a cond on the learning phase).
+  """
+  updates = list(model.get_updates_for(None))
+  updates += model.get_updates_for(model.inputs)
+  found = []
+  for u in updates:
+    op = u if isinstance(u, tf.Operation) else u.op
+    if op not in found:
+      found.append(op)
+  return found
+
+
+def compiling_model_updates(known=()):
+  """`model_updates` of `model_being_compiled()` not in `known`, or [].
+
+  Called from the wrapper's step builder, whose callers are counted in
+  `model_being_compiled`'s frames.
+  """
+  model = model_being_compiled()
+  if model is None:
+    return []
+  known = {u if isinstance(u, tf.Operation) else u.op for u in known}
+  return [u for u in model_updates(model) if u not in known]
