@@ -112,6 +112,25 @@ class ProgressHookTest(tf.test.TestCase):
 
 class GiveUpHookTest(tf.test.TestCase):
 
+  def _give_up_line(self, **setting):
+    """The error line of a GiveUpHook(max 2) on two NaN steps."""
+    make = lambda step_index, loss, counters: [core_hooks.GiveUpHook(
+        counters.consecutive_skips, 2, **setting)]
+    with self.assertLogs(logging.get_absl_logger(), "ERROR") as logs:
+      _train_with(make, 2, nan_steps=(0, 1))
+    return [r.getMessage() for r in logs.records]
+
+  def testLineNamesTheConstructorArgumentInLibraryUse(self):
+    self.assertEqual(self._give_up_line(), [
+        "giving up: 2 consecutive steps skipped (GiveUpHook's "
+        "max_consecutive_skips=2)"])
+
+  def testLineNamesTheSettingItIsGiven(self):
+    # The trainer's: its flag.
+    self.assertEqual(
+        self._give_up_line(setting="--max_consecutive_skips"),
+        ["giving up: 2 consecutive steps skipped (--max_consecutive_skips=2)"])
+
   def testStopsAtTheSkippedStep(self):
     # The optional line of the README, with a limit of one skip.
     with tf.Graph().as_default():
