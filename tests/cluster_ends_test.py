@@ -31,7 +31,7 @@ _TIMEOUT_SECS = 300
 _TRAIN_FLAGS = ("--batch_size=4", "--num_towers=1", "--device=cpu",
                 "--log_every_n_steps=5", "--save_summaries_steps=1000",
                 "--save_checkpoints_steps=1000", "--max_steps=1000000")
-_PROGRESS = re.compile(r"hooks.py:\d+\] step \d+ ")
+_PROGRESS = re.compile(r"hooks.py:\d+\] step \d+/\d+ ")
 
 
 

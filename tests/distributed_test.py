@@ -236,7 +236,7 @@ class DistributedTrainTest(tf.test.TestCase):
       start("ps", "ps", 0)
       start("worker0", "worker", 0)
       start("worker1", "worker", 1)
-      wait_for("worker1", r"hooks.py:\d+\] step 10 ")
+      wait_for("worker1", r"hooks.py:\d+\] step 10/")
       processes["worker1"].kill()
       processes["worker1"].wait(timeout=30)
       start("worker1_again", "worker", 1)
@@ -255,7 +255,7 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertEqual(summary["global_step"], 30)
     self.assertEqual(summary["exit_reason"], "max_steps")
     # The replacement trained: synchronous steps need both replicas.
-    progress = re.findall(r"hooks.py:\d+\] step (\d+) ",
+    progress = re.findall(r"hooks.py:\d+\] step (\d+)/",
                           log_of("worker1_again"))
     self.assertNotEmpty(progress)
     self.assertGreater(int(progress[-1]), 10)

@@ -169,9 +169,12 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
     self.assertEqual(summary["global_step"], 24)
     self.assertEqual(summary["rollbacks"], [])
-    self.assertIn("no rollback: no intact checkpoint of %s qualifies (one "
-                  "with at most -80 applied steps: the streak began after 20"
-                  % train_dir, summary["rollback_refused"])
+    self.assertEqual(
+        summary["rollback_refused"], "no rollback: the run has 20 applied "
+        "steps, and a rollback needs a checkpoint written at least 100 "
+        "applied steps before the skip streak "
+        "(--rollback_min_applied_steps=100); there can be none yet: lower "
+        "--rollback_min_applied_steps")
 
   def testAThirdRollbackGoesBackPastTheFirstsCheckpoint(self):
     # Saves every 5 steps, streaks of 2, M = 2. Rollback 1 at step 14 (12
@@ -302,6 +305,23 @@ class RollbackParamsTest(tf.test.TestCase):
       train_lib.train(_params(train_dir, startup_timeout_secs=2.0),
                       cluster=cluster)
     self.assertEqual(os.listdir(train_dir), [])
+
+  def testSaysWhyNoCheckpointQualifiesInTheFlagsTerms(self):
+    params = _params("/tmp/run", rollback_min_applied_steps=200,
+                     save_checkpoints_steps=100)
+    self.assertEqual(
+        recovery.no_checkpoint_reason(params, 540),
+        "the run has 540 applied steps, and a rollback needs a checkpoint "
+        "written at least 200 applied steps before the skip streak "
+        "(--rollback_min_applied_steps=200), one with at most 340; /tmp/run "
+        "holds no intact one: lower --rollback_min_applied_steps or save "
+        "checkpoints more often (--save_checkpoints_steps=100)")
+    self.assertEqual(
+        recovery.no_checkpoint_reason(params, 40),
+        "the run has 40 applied steps, and a rollback needs a checkpoint "
+        "written at least 200 applied steps before the skip streak "
+        "(--rollback_min_applied_steps=200); there can be none yet: lower "
+        "--rollback_min_applied_steps")
 
   def testKeepsEnoughCheckpoints(self):
     # M + K = 600 + 50 steps back at one checkpoint per 100: 7 intervals.

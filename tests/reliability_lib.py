@@ -84,8 +84,9 @@ def read_text(path):
 
 
 def progress_steps(text):
-  """The steps of the trainer's progress lines ('step N  loss ...') in `text`."""
-  return [int(m.group(1)) for m in re.finditer(r"\bstep (\d+)  loss ", text)]
+  """The steps of the progress lines ('step N/M  loss ...') in `text`."""
+  return [int(m.group(1))
+          for m in re.finditer(r"\bstep (\d+)(?:/\d+)?  loss ", text)]
 
 
 def model_state(values):

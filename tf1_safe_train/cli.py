@@ -1,4 +1,4 @@
-"""What the binaries share at the edge: flag parsing and one-line errors.
+"""What the binaries share at the edge: flags, logging and one-line errors.
 
 Bad input (a flag, a data file, a cluster spec) must end the program with one
 clear line naming the problem and a non-zero exit, never a traceback. The
@@ -6,10 +6,12 @@ binaries parse their flags before TensorFlow is imported, so a bad flag fails
 at once and without TensorFlow's start-up messages.
 """
 
+import logging
 import os
 import sys
 
 from absl import flags
+from absl import logging as absl_logging
 
 EXIT_BAD_INPUT = 2
 _HELP_FLAGS = frozenset(["-?", "-h", "--help", "--helpshort", "--helpfull",
@@ -76,18 +78,66 @@ def resolve_path(path):
   return os.path.normpath(os.path.join(base, path))
 
 
-def import_tensorflow():
-  """Imports TensorFlow after flag parsing, with its Python logging tamed.
+# The one INFO line of TensorFlow's a user needs by default: the checkpoint a
+# restarted run resumes from.
+_TF_INFO_KEPT = ("Restoring parameters from ",)
 
-  TF's own log handler would print every record a second time next to absl's;
-  its C++ start-up messages are left to TF_CPP_MIN_LOG_LEVEL (default here: 1).
+
+class _QuietTensorFlow(logging.Filter):
+  """Passes TensorFlow's warnings and errors, not its INFO or deprecations.
+
+  TensorFlow's INFO lines (hooks created, graph finalized, three lines per
+  checkpoint) and its deprecation notices (logged as warnings, naming
+  TensorFlow's own call sites) would drown the run's own lines.
+  """
+
+  def filter(self, record):
+    if record.filename == "deprecation.py":
+      return False
+    if record.levelno >= logging.WARNING:
+      return True
+    return str(record.msg).startswith(_TF_INFO_KEPT)
+
+
+def _cpp_min_log_level(verbosity):
+  """TF_CPP_MIN_LOG_LEVEL for absl's `verbosity` (INFO 0 ... FATAL -3)."""
+  return str(min(3, max(0, -verbosity)))
+
+
+def import_tensorflow(default_verbosity=absl_logging.INFO):
+  """Imports TensorFlow after flag parsing, with its logging tamed.
+
+  Unless absl's --verbosity (-v) is given, the program's own lines are logged
+  from `default_verbosity` up, and TensorFlow's warnings and errors, not its
+  INFO lines (but for the checkpoint a run resumes from) nor its deprecation
+  notices. --verbosity=0 logs every INFO line, TensorFlow's (Python and C++)
+  too; --verbosity=-1 only warnings (without deprecation notices). An
+  explicit TF_CPP_MIN_LOG_LEVEL in the environment wins for TensorFlow's C++
+  lines.
+
+  (TensorFlow 2.21 prints its oneDNN notice twice while it is imported,
+  before its logging honours TF_CPP_MIN_LOG_LEVEL, from two libraries that
+  each hold a copy of the code: only TF_ENABLE_ONEDNN_OPTS=0, which changes
+  the kernels and so the numerics, silences it. It is left alone.)
+
+  Args:
+    default_verbosity: the absl level (e.g. `absl.logging.INFO`) of the
+      program's own lines when --verbosity is not given.
 
   Returns:
     The `tensorflow` module.
   """
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  given = flags.FLAGS["verbosity"].present
+  if not given:
+    absl_logging.set_verbosity(default_verbosity)
+  verbosity = absl_logging.get_verbosity()
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", _cpp_min_log_level(
+      verbosity if given else absl_logging.WARNING))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # TF's own handler would print every record a second time next to absl's.
   tf.get_logger().handlers = []
+  if verbosity < absl_logging.INFO or not given:
+    tf.get_logger().addFilter(_QuietTensorFlow())
   return tf
 
 

@@ -24,8 +24,7 @@ _PROGRAM = "eval"
 def main(argv):
   if len(argv) > 1:
     cli.fail(_PROGRAM, "unexpected arguments: %s" % " ".join(argv[1:]))
-  logging.set_verbosity(logging.INFO)
-  tf = cli.import_tensorflow()
+  tf = cli.import_tensorflow(logging.INFO)
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train.data import cifar10
   from tf1_safe_train.trainer import eval_lib

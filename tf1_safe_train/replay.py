@@ -30,8 +30,7 @@ def main(argv):
       cli.fail(_PROGRAM, "--%s is required" % name)
   if FLAGS.worker < 0:
     cli.fail(_PROGRAM, "--worker=%d: must be >= 0" % FLAGS.worker)
-  logging.set_verbosity(logging.WARNING)
-  tf = cli.import_tensorflow()
+  tf = cli.import_tensorflow(logging.WARNING)
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train.trainer import offline_replay
   # pylint: enable=g-import-not-at-top

@@ -100,8 +100,7 @@ def main(argv):
 
 def _run(cluster):
   """Runs this task (trainer or ps) of `cluster` (None: one machine)."""
-  logging.set_verbosity(logging.INFO)
-  tf = cli.import_tensorflow()
+  tf = cli.import_tensorflow(logging.INFO)
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train.cluster import replicas
   from tf1_safe_train.data import cifar10

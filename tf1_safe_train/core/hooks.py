@@ -109,22 +109,26 @@ class GiveUpHook(GatedHook):
   so that checkpoint holds the last good state. `gave_up` tells the caller.
   """
 
-  def __init__(self, consecutive_skips, max_consecutive_skips):
+  def __init__(self, consecutive_skips, max_consecutive_skips,
+               setting="GiveUpHook's max_consecutive_skips"):
     """Creates the hook.
 
     Args:
       consecutive_skips: int tensor read after the step.
       max_consecutive_skips: give up when this many steps in a row were
         skipped; 0 never gives up.
+      setting: what the user set `max_consecutive_skips` with, as the
+        give-up line names it (a binary passes its flag,
+        "--max_consecutive_skips").
     """
     self._fetches = consecutive_skips
     self._max = max_consecutive_skips
+    self._setting = setting
     self.gave_up = False
 
   def after_run(self, run_context, run_values):
     if self._fetched and self._max and run_values.results >= self._max:
       self.gave_up = True
-      logging.error("giving up: %d consecutive steps skipped "
-                    "(--max_consecutive_skips=%d)", run_values.results,
-                    self._max)
+      logging.error("giving up: %d consecutive steps skipped (%s=%d)",
+                    run_values.results, self._setting, self._max)
       run_context.request_stop()

@@ -5,6 +5,7 @@ core/hooks.py; signals in stop_signals.py.) As there, every value is read
 after the step's update and fetched only on runs that run the train op.
 """
 
+import collections
 import time
 
 from absl import logging
@@ -16,13 +17,26 @@ from tf1_safe_train.core import spikes as spikes_lib
 tf1 = tf.compat.v1
 
 
+# The ETA follows the rate of this many recent progress intervals: recent
+# enough to follow a change of pace, long enough that one slow interval (a
+# checkpoint, a skip explained) does not swing it.
+_ETA_INTERVALS = 5
+
+
+def format_eta(seconds):
+  """`seconds` as H:MM:SS, or "-" if not known (None)."""
+  if seconds is None:
+    return "-"
+  minutes, secs = divmod(int(round(max(seconds, 0.0))), 60)
+  return "%d:%02d:%02d" % (minutes // 60, minutes % 60, secs)
+
 
 class ProgressHook(core_hooks.GatedHook):
-  """Logs step, loss, learning rate, examples/s, applied and skipped."""
+  """Logs step (of max_steps), loss, lr, examples/s, applied, skipped, ETA."""
 
   def __init__(self, step_index, loss, learning_rate, counters,
                examples_per_step, every_n_steps, summary_dir=None,
-               loss_scale=None, skip_reasons=None):
+               loss_scale=None, skip_reasons=None, max_steps=None):
     """Creates the hook.
 
     Args:
@@ -37,6 +51,10 @@ class ProgressHook(core_hooks.GatedHook):
         step), shown in the line.
       skip_reasons: optional `spikes.ReasonCounters` read after the step
         (with spike skips on): the line says how many skips were spikes.
+      max_steps: the global_step the run ends at, or None (open-ended): the
+        line then says `step N/max_steps` and the time left at the pace of
+        the last few lines (global steps per second, so other workers'
+        steps count too), `ETA -` while global_step has not moved.
     """
     self._fetches = {"step": step_index, "loss": loss, "lr": learning_rate,
                      "counters": counters}
@@ -47,13 +65,24 @@ class ProgressHook(core_hooks.GatedHook):
     self._examples_per_step = examples_per_step
     self._every_n = every_n_steps
     self._summary_dir = summary_dir
+    self._max_steps = max_steps
     self._last_time = None
     self._last_step = None
+    self._marks = collections.deque(maxlen=_ETA_INTERVALS + 1)
     self.examples_per_sec = None
 
   def begin(self):
     super(ProgressHook, self).begin()
     self._last_time = None
+    self._marks.clear()
+
+  def _eta(self):
+    """Seconds left at the pace from the oldest mark to the newest, or None."""
+    (then, steps_then), (now, steps_done) = self._marks[0], self._marks[-1]
+    if steps_done <= steps_then or now <= then:
+      return None
+    rate = (steps_done - steps_then) / (now - then)
+    return max(self._max_steps - steps_done, 0) / rate
 
   def after_run(self, run_context, run_values):
     if not self._fetched:
@@ -64,6 +93,7 @@ class ProgressHook(core_hooks.GatedHook):
     if self._last_time is None:
       # The first step includes graph optimisation: do not time it.
       self._last_time, self._last_step = now, step
+      self._marks.append((now, step + 1))
       return
     if (step + 1) % self._every_n:
       return
@@ -76,14 +106,19 @@ class ProgressHook(core_hooks.GatedHook):
     spikes = ("" if "spike_skips" not in results else
               " (%d spike%s)" % (results["spike_skips"],
                                  "" if results["spike_skips"] == 1 else "s"))
+    self._marks.append((now, step + 1))
+    progress, eta = "%d" % (step + 1), ""
+    if self._max_steps:
+      progress += "/%d" % self._max_steps
+      eta = "  ETA " + format_eta(self._eta())
     logging.info(
-        "step %d  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d"
-        "%s%s",
-        step + 1, results["loss"], results["lr"],
+        "step %s  loss %.4f  lr %.4g  %s examples/s  applied %d  skipped %d"
+        "%s%s%s",
+        progress, results["loss"], results["lr"],
         "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
         counters.applied_steps, counters.skipped_steps, spikes,
         "  loss scale %s" % core_hooks.format_scale(results["loss_scale"])
-        if "loss_scale" in results else "")
+        if "loss_scale" in results else "", eta)
     if self._summary_dir and self.examples_per_sec:
       writer = tf1.summary.FileWriterCache.get(self._summary_dir)
       writer.add_summary(

@@ -142,8 +142,29 @@ def give_up_hook(params, streak, step):
     step: the run's `train_step.Step`.
   """
   if params.on_persistent_skips != "rollback":
-    return core_hooks.GiveUpHook(streak, params.max_consecutive_skips)
+    return core_hooks.GiveUpHook(streak, params.max_consecutive_skips,
+                                 setting="--max_consecutive_skips")
   return RollbackHook(params, streak, step)
+
+
+def no_checkpoint_reason(params, applied):
+  """Why no checkpoint can be rolled back to, in the flags' terms (a clause).
+
+  Args:
+    params: the run's `params.TrainParams`.
+    applied: the run's applied steps when its streak began.
+  """
+  needed = params.rollback_min_applied_steps
+  head = ("the run has %d applied steps, and a rollback needs a checkpoint "
+          "written at least %d applied steps before the skip streak "
+          "(--rollback_min_applied_steps=%d)" % (applied, needed, needed))
+  if applied < needed:
+    return head + "; there can be none yet: lower --rollback_min_applied_steps"
+  return head + (", one with at most %d; %s holds no intact one: lower "
+                 "--rollback_min_applied_steps or save checkpoints more "
+                 "often (--save_checkpoints_steps=%d)" % (
+                     applied - needed, params.train_dir,
+                     params.save_checkpoints_steps))
 
 
 class RollbackHook(core_hooks.GiveUpHook):
@@ -155,7 +176,8 @@ class RollbackHook(core_hooks.GiveUpHook):
   """
 
   def __init__(self, params, streak, step):
-    super(RollbackHook, self).__init__(streak, params.max_consecutive_skips)
+    super(RollbackHook, self).__init__(streak, params.max_consecutive_skips,
+                                       setting="--max_consecutive_skips")
     self._params = params
     self._step = step
     self._state = state()
@@ -231,10 +253,7 @@ class RollbackHook(core_hooks.GiveUpHook):
           params.train_dir, at_step,
           applied - params.rollback_min_applied_steps, int(s.rollbacks),
           int(s.rollback_to_step))
-      why = ("%s (one with at most %d applied steps: the streak began after "
-             "%d, --rollback_min_applied_steps=%d)" % (
-                 to_step, applied - params.rollback_min_applied_steps,
-                 applied, params.rollback_min_applied_steps))
+      why = no_checkpoint_reason(params, applied)
     if path is None:
       self.refusal = "no rollback: " + why
       self.gave_up = True
