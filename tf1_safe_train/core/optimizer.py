@@ -120,6 +120,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     # Variables the last step already handles (global_step, counters, rolled
     # back update-op targets): `protect` leaves them alone.
     self._step_variables = []
+    # Where the last step's search for update ops started (`protect` looks
+    # there for in-place writes too).
+    self._step_roots = []
 
   @property
   def wrapped_optimizer(self):
@@ -190,13 +193,14 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
           "apply_gradients_per_device.", self._name)
     losses, self._losses = self._losses, []
     self._note_replay_outputs(losses, grads_and_vars)
+    # (Not in a name scope of its own, which would rename the decision's
+    # to "SkipNonFinite_1".)
+    self._step_roots = rollback.step_roots(
+        [g for g, _ in grads_and_vars if g is not None] + losses,
+        self._name + "_control_dependencies")
     update_ops = self._update_ops
     if update_ops is None:
-      # (Not in a name scope of its own, which would rename the decision's
-      # to "SkipNonFinite_1".)
-      update_ops = rollback.update_ops_run_by(
-          [g for g, _ in grads_and_vars if g is not None] + losses,
-          self._name + "_control_dependencies")
+      update_ops = rollback.update_ops_run_by(self._step_roots)
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
@@ -263,7 +267,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     result = self._result()
     return rollback.protect([rollback.as_op(o) for o in tf.nest.flatten(op)],
                             result.applied,
-                            {v.op.name for v in self._step_variables}, name)
+                            {v.op.name for v in self._step_variables},
+                            self._step_roots, name)
 
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)
