@@ -1,10 +1,11 @@
-"""In-place batch norm in a GAN, wrapped with the one line (issue 22, item 4).
+"""In-place batch norm in a GAN, wrapped with the one line (issue 22, 4 and 6).
 
 The structure of a DCGAN script: batch norm with `updates_collections=None`
 (the moving statistics assigned in the forward pass, the normalized output
 under a control dependency on the assign, nothing in `UPDATE_OPS`), a
 generator and a discriminator applied to real and generated batches, two
-wrapped optimizers (D and G), a plain `Session` fed by `feed_dict`.
+wrapped optimizers (D and G), a plain `Session` fed by `feed_dict`, and an
+evaluation of a loss between steps (which runs the in-place update too).
 """
 
 from absl.testing import parameterized
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 import optimizer_test_util as test_util
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import shadows
 
 tf1 = tf.compat.v1
 
@@ -183,6 +185,54 @@ class InPlaceStatisticsTest(tf.test.TestCase, parameterized.TestCase):
       for opt, step in zip(gan.opts, gan.steps):
         self.assertEqual([], opt.check_train_op(step))
       self._assert_skips_leave_statistics(gan)
+
+
+class WhatASkipRestoresTest(tf.test.TestCase):
+  """A skip restores the statistics' value after the last guarded step.
+
+  Not their value just before the skipped step: a run outside the guarded
+  steps (DCGAN evaluates `d_loss_real`, which runs the in-place update)
+  writes them without a copy, and a skip undoes that write; the same undoes
+  a NaN such a run wrote. `sync_shadows` adopts such a write.
+  """
+
+  def testASkipUndoesWritesOfRunsOutsideTheSteps(self):
+    with tf.Graph().as_default():
+      gan = _Gan()
+      d_step, g_step = gan.steps
+      sync = shadows.sync_shadows()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(d_step, gan.feed(1))
+        sess.run(g_step, gan.feed(2))
+        after_steps = _values(sess, gan.statistics)
+        sess.run(gan.d_loss_real, gan.feed(3))  # Writes D's statistics.
+        after_eval = _values(sess, gan.statistics)
+        self.assertFalse(np.array_equal(after_steps[2], after_eval[2]))
+        _, applied = sess.run([d_step, gan.opts[0].applied()],
+                              gan.feed(4, nan_real=True))
+        self.assertFalse(applied)
+        for expected, value in zip(after_steps, _values(sess, gan.statistics)):
+          self.assertTrue(np.array_equal(expected, value))
+
+        # An evaluation on a NaN batch: the next step sees NaN statistics,
+        # is skipped, and takes them back to their last applied value.
+        sess.run(gan.d_loss_real, gan.feed(5, nan_real=True))
+        self.assertTrue(np.isnan(sess.run(gan.statistics[2])).all())
+        _, applied = sess.run([d_step, gan.opts[0].applied()], gan.feed(6))
+        self.assertFalse(applied)
+        for expected, value in zip(after_steps, _values(sess, gan.statistics)):
+          self.assertTrue(np.array_equal(expected, value))
+
+        # To keep what such a run wrote, sync the shadows after it.
+        sess.run(gan.d_loss_real, gan.feed(7))
+        sess.run(sync)
+        after_eval = _values(sess, gan.statistics)
+        _, applied = sess.run([d_step, gan.opts[0].applied()],
+                              gan.feed(8, nan_real=True))
+        self.assertFalse(applied)
+        for expected, value in zip(after_eval, _values(sess, gan.statistics)):
+          self.assertTrue(np.array_equal(expected, value))
 
 
 if __name__ == "__main__":
