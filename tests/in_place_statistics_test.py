@@ -187,6 +187,37 @@ class InPlaceStatisticsTest(tf.test.TestCase, parameterized.TestCase):
       self._assert_skips_leave_statistics(gan)
 
 
+class RunBeforeTest(tf.test.TestCase):
+  """Which forward-pass writes a step takes (`in_place.run_before`)."""
+
+  def testTakesStatisticsNotTheStepsOwnVariablesLoopsOrDecisions(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [4, 3])
+      global_step = tf1.train.get_or_create_global_step()
+      w = tf1.get_variable("w", [3, 2])
+      # A loss that waits for global_step's increment: the step's own.
+      with tf1.control_dependencies([tf1.assign_add(global_step, 1)]):
+        h = tf.matmul(x, w)
+      # A write inside a while loop: not analysable here.
+      looped = tf1.get_variable("looped", [], trainable=False)
+      _, h = tf.while_loop(
+          lambda i, t: i < 2,
+          lambda i, t: (i + 1, t + tf1.assign_add(looped, 1.0)), [0, h])
+      first = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.MomentumOptimizer(0.1, 0.9))
+      first_step = first.minimize(tf.reduce_sum(_batch_norm(h, True, "bn")))
+      # A second step that runs after the first: the first's decision
+      # (its optimizer's slots, the counters) is not the second's to undo.
+      with tf1.control_dependencies([first_step]):
+        loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
+      second = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      second.minimize(loss)
+      self.assertEqual(["bn/moving_mean", "bn/moving_variance"],
+                       sorted(first.guard_result().update_variable_names))
+      self.assertEqual([], second.guard_result().update_variable_names)
+
+
 class WhatASkipRestoresTest(tf.test.TestCase):
   """A skip restores the statistics' value after the last guarded step.
 

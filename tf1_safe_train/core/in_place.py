@@ -109,6 +109,8 @@ def run_before(roots):
   left = _left_to_the_step(roots[0].graph)
   kept = []
   for op in _candidates(roots):
+    if op in kept:  # A cond's Merge, found through each of its writes.
+      continue
     try:
       written, _ = writes.find_writes([op])
     except ValueError:
