@@ -208,14 +208,21 @@ class RunBeforeTest(tf.test.TestCase):
       first_step = first.minimize(tf.reduce_sum(_batch_norm(h, True, "bn")))
       # A second step that runs after the first: the first's decision
       # (its optimizer's slots, the counters) is not the second's to undo.
-      with tf1.control_dependencies([first_step]):
+      # Its own step counter, in no collection, bumped by its forward pass.
+      counter = tf1.Variable(0, trainable=False, name="counter",
+                             collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+      with tf1.control_dependencies([first_step,
+                                     tf1.assign_add(counter, 1)]):
         loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
       second = optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1))
-      second.minimize(loss)
+      second.minimize(loss, global_step=counter)
       self.assertEqual(["bn/moving_mean", "bn/moving_variance"],
                        sorted(first.guard_result().update_variable_names))
       self.assertEqual([], second.guard_result().update_variable_names)
+      held = set().union(*shadows.shadowed(tf1.get_default_graph()).values())
+      self.assertNotIn(counter.op, held)  # Not rolled back: no shadow.
+      self.assertIn("bn/moving_mean", [op.name for op in held])
 
 
 class WhatASkipRestoresTest(tf.test.TestCase):

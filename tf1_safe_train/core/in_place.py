@@ -86,27 +86,28 @@ def _candidates(roots):
   return found
 
 
-def run_before(roots):
+def run_before(roots, own=()):
   """The ops among the ancestors of `roots` that write variables in place.
 
   What a step given `roots` (its gradients' and losses' ops, the caller's
   control dependencies) runs anyway and must roll back on a skip, as update
   ops: assigns (and scatters) of graph variables outside control flow, and
   the conds that write some (a v1 cond's Merge, a v2 cond's outputs: batch
-  norm with a tensor `training`). Left out, for the write check to name: writes
-  inside loops or function calls, conds whose writes `writes.find_writes`
+  norm with a tensor `training`). Left out (the write check names those it
+  sees): writes inside loops or function calls, conds whose writes `writes.find_writes`
   cannot analyse, and any op or cond that also writes `global_step`, a skip
-  counter or a rollback shadow.
+  counter, a rollback shadow or one of `own`.
 
   Args:
     roots: Operations.
+    own: more variables the step writes itself (its `global_step`).
 
   Returns:
     A list of Operations, each once, in the order found.
   """
   if not roots:
     return []
-  left = _left_to_the_step(roots[0].graph)
+  left = _left_to_the_step(roots[0].graph) | set(v.op for v in own)
   kept = []
   for op in _candidates(roots):
     if op in kept:  # A cond's Merge, found through each of its writes.

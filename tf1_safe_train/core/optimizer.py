@@ -200,7 +200,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         self._name + "_control_dependencies")
     update_ops = self._update_ops
     if update_ops is None:
-      update_ops = rollback.update_ops_run_by(self._step_roots)
+      update_ops = rollback.update_ops_run_by(
+          self._step_roots, [global_step] if global_step is not None else [])
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:

@@ -220,7 +220,7 @@ def step_roots(tensors, probe_name):
       t.op for t in tf.nest.flatten(tensors, expand_composites=True)]
 
 
-def update_ops_run_by(roots):
+def update_ops_run_by(roots, own=()):
   """The ops a step runs anyway that write variables, as its update ops.
 
   First the `UPDATE_OPS` entries among the ancestors of `roots` (from
@@ -237,6 +237,8 @@ def update_ops_run_by(roots):
 
   Args:
     roots: Operations.
+    own: variables the step writes itself (its `global_step`): never
+      taken as in-place writes.
   """
   everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
   entries = {as_op(u) for u in everything}
@@ -251,4 +253,5 @@ def update_ops_run_by(roots):
     stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
   run = [u for u in everything if as_op(u) in found]
   ops = set(as_op(u) for u in run)
-  return run + [op for op in in_place.run_before(roots) if op not in ops]
+  return run + [op for op in in_place.run_before(roots, own)
+                if op not in ops]
