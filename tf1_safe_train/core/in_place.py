@@ -54,9 +54,9 @@ def _candidates(roots):
 
   A write op outside control flow; for a write inside a v1 cond (not a
   loop), the cond's Merge the walk came through; for a v2 cond, the
-  identities of its outputs (`_outputs_of`). The walk
-  does not enter the graph's decisions (`writes.register_decision`): what
-  they write is the steps' own business.
+  identities of its outputs (`_outputs_of`). The walk does not enter the
+  graph's decisions (`writes.register_decision`): what they write is the
+  steps' own business.
   """
   graph = roots[0].graph
   decisions = writes.decisions(graph)
@@ -94,9 +94,9 @@ def run_before(roots, own=()):
   ops: assigns (and scatters) of graph variables outside control flow, and
   the conds that write some (a v1 cond's Merge, a v2 cond's outputs: batch
   norm with a tensor `training`). Left out (the write check names those it
-  sees): writes inside loops or function calls, conds whose writes `writes.find_writes`
-  cannot analyse, and any op or cond that also writes `global_step`, a skip
-  counter, a rollback shadow or one of `own`.
+  sees): writes inside loops or function calls, conds whose writes
+  `writes.find_writes` cannot analyse, and any op or cond that also writes
+  `global_step`, a skip counter, a rollback shadow or one of `own`.
 
   Args:
     roots: Operations.
