@@ -57,9 +57,10 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                                       variables_averages_op))
 
   Which `UPDATE_OPS` are rolled back (and run before the decision), unless
-  `update_ops` is given: the entries the step runs anyway
-  (`rollback.update_ops_run_by`); wrapping never makes a step run an update
-  op the script did not run. Update ops grouped into the train op after
+  `update_ops` is given: the entries the step runs anyway, and the writes
+  its forward pass makes in place, in no collection (batch norm with
+  `updates_collections=None`; `rollback.update_ops_run_by`); wrapping never
+  makes a step run an update op the script did not run. Update ops grouped into the train op after
   `apply_gradients` are not seen here: pass the train op through `protect`.
   An update op whose writes cannot be analysed (a loop, a function call, an
   unknown write op) raises a ValueError naming it and the variable.
@@ -81,8 +82,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       increment_global_step_on_skip: if True (default), `global_step` advances
         on skipped steps too; if False, only on applied steps.
       update_ops: ops whose written variables are rolled back on a skip;
-        default: the `UPDATE_OPS` entries the step runs anyway (see the
-        class docstring).
+        default: the `UPDATE_OPS` entries and in-place writes the step
+        runs anyway (see the class docstring).
       loss_scale: None; "dynamic" for a `loss_scale.DynamicLossScale` with
         its defaults (initial scale 2**15, doubled after 2000 applied steps
         in a row, halved by every skip); or a `DynamicLossScale`. With a loss
