@@ -59,9 +59,10 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                                       variables_averages_op))
 
   Which `UPDATE_OPS` are rolled back (and run before the decision), unless
-  `update_ops` is given: the entries the step runs anyway
-  (`rollback.update_ops_run_by`); wrapping never makes a step run an update
-  op the script did not run. Update ops grouped into the train op after
+  `update_ops` is given: the entries the step runs anyway, and the writes
+  its forward pass makes in place, in no collection (batch norm with
+  `updates_collections=None`; `rollback.update_ops_run_by`); wrapping never
+  makes a step run an update op the script did not run. Update ops grouped into the train op after
   `apply_gradients` are not seen here: pass the train op through `protect`.
   An update op whose writes cannot be analysed (a loop, a function call, an
   unknown write op) raises a ValueError naming it and the variable.
@@ -83,8 +84,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       increment_global_step_on_skip: if True (default), `global_step` advances
         on skipped steps too; if False, only on applied steps.
       update_ops: ops whose written variables are rolled back on a skip;
-        default: the `UPDATE_OPS` entries the step runs anyway (see the
-        class docstring).
+        default: the `UPDATE_OPS` entries and in-place writes the step
+        runs anyway (see the class docstring).
       loss_scale: None; "dynamic" for a `loss_scale.DynamicLossScale` with
         its defaults (initial scale 2**15, doubled after 2000 applied steps
         in a row, halved by every skip); or a `DynamicLossScale`. With a loss
@@ -130,6 +131,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     # Variables the wrapper's steps and `protect` created (counters, shadows,
     # loss scale, spike statistics): `variables()` includes them.
     self._own_variables = []
+    # Where the last step's search for update ops started (`protect` looks
+    # there for in-place writes too).
+    self._step_roots = []
 
   @property
   def wrapped_optimizer(self):
@@ -210,13 +214,15 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     losses, self._losses = self._losses, []
     self._computed = {}
     self._note_replay_outputs(losses, grads_and_vars)
+    # (Not in a name scope of its own, which would rename the decision's
+    # to "SkipNonFinite_1".)
+    self._step_roots = rollback.step_roots(
+        [g for g, _ in grads_and_vars if g is not None] + losses,
+        self._name + "_control_dependencies")
     update_ops = self._update_ops
     if update_ops is None:
-      # (Not in a name scope of its own, which would rename the decision's
-      # to "SkipNonFinite_1".)
       update_ops = rollback.update_ops_run_by(
-          [g for g, _ in grads_and_vars if g is not None] + losses,
-          self._name + "_control_dependencies")
+          self._step_roots, [global_step] if global_step is not None else [])
       # Keras 2 (`compile(optimizer=...)`) runs its model's updates next to
       # the step, and tells the optimizer nothing of them.
       update_ops += keras_route.compiling_model_updates(update_ops)
@@ -289,7 +295,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     known = _graph_variables()
     protected = rollback.protect(
         [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
-        {v.op.name for v in self._step_variables}, name)
+        {v.op.name for v in self._step_variables}, self._step_roots, name)
     self._note_own_variables(known)
     return protected
 

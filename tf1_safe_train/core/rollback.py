@@ -6,7 +6,8 @@ moved into its apply branch. Each such variable has a shadow copy (`shadows`:
 small ones share a flat one): the apply branch copies the variables into
 their shadows, the skip branch copies the shadows back, so after a skipped
 step every variable holds its last applied value again.
-Which variables an update op writes is found by `writes`. In a cluster
+Which variables an update op writes is found by `writes`; writes the
+forward pass makes in place (in no collection) by `in_place`. In a cluster
 (`statistics_deltas`) the writes become deltas applied with the decision
 instead.
 """
@@ -17,6 +18,7 @@ import tensorflow as tf
 # Only to choose the cond implementation for ref variables (see below).
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from tf1_safe_train.core import in_place
 from tf1_safe_train.core import shadows as shadows_lib
 from tf1_safe_train.core import writes
 
@@ -153,25 +155,30 @@ def control_flow_for(variables):
     control_flow_util.ENABLE_CONTROL_FLOW_V2 = True
 
 
-def protect(ops, applied, handled_names, name="protect"):
+def protect(ops, applied, handled_names, step_roots=(), name="protect"):
   """`ops`, then keep (`applied`) or undo what they wrote (see the wrapper).
 
   The written variables are found as for `UPDATE_OPS` (assign and scatter
-  ops, followed through `tf.group`, `tf.identity` and reads, never into the
-  forward pass); each costs one shadow variable (saved in checkpoints) and
-  one copy per step.
+  ops, followed through `tf.group`, `tf.identity` and reads), and among the
+  ancestors of `ops` as for the step (`in_place`: statistics the forward
+  pass assigns, when the step was given other `update_ops`); each costs one
+  shadow variable (saved in checkpoints) and one copy per step.
 
   Args:
     ops: Operations whose written variables are kept on an applied step and
       take back their last applied value on a skipped one.
     applied: the decided step's bool `applied` tensor.
     handled_names: names of variables the step itself handles (left alone).
+    step_roots: the decided step's `step_roots`: the in-place writes among
+      their ancestors are protected too (the decision hides them from a
+      walk that starts at `ops`).
     name: name scope of the added ops.
 
   Returns:
     An Operation.
   """
-  protected = Rollback([v for v in written_variables(ops)
+  protected = Rollback([v for v in written_variables(
+      ops + in_place.run_before(ops + list(step_roots)))
                         if v.op.name not in handled_names])
   with tf1.name_scope(name):
     if not protected.variables:
@@ -194,34 +201,48 @@ def protect(ops, applied, handled_names, name="protect"):
     return tf.group(*(ops + [decided]), name="protected")
 
 
-def update_ops_run_by(tensors, probe_name):
-  """The `UPDATE_OPS` entries a step runs anyway, in the collection's order.
-
-  They are the entries among the ancestors of the caller's control
-  dependencies (the legacy idiom: `with tf.control_dependencies(update_ops)`
-  around `apply_gradients`, the first tower's statistics only) and of
-  `tensors`: the gradients, and the losses given to `compute_gradients`
-  (tf-slim's `create_train_op` puts its update ops in a barrier the loss
-  depends on); otherwise none. One backward walk over the graph, each op
-  once. Variables written in conds (a batch norm whose `training` is a
-  tensor) are found by `writes` too.
+def step_roots(tensors, probe_name):
+  """The ops a step starts its search for update ops from (see below).
 
   Args:
-    tensors: Tensors or IndexedSlices.
+    tensors: Tensors or IndexedSlices: the gradients, and the losses given
+      to `compute_gradients`.
     probe_name: name of the NoOp that reads the caller's control
       dependencies.
+
+  Returns:
+    The caller's control dependencies and the ops of `tensors`.
   """
-  everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
-  if not everything:
-    return []
   # A NoOp built here carries the caller's `control_dependencies` as its
   # control inputs: the public way to read them.
   probe = tf.no_op(name=probe_name)
+  return list(probe.control_inputs) + [
+      t.op for t in tf.nest.flatten(tensors, expand_composites=True)]
+
+
+def update_ops_run_by(roots, own=()):
+  """The ops a step runs anyway that write variables, as its update ops.
+
+  First the `UPDATE_OPS` entries among the ancestors of `roots` (from
+  `step_roots`): the caller's control dependencies (the legacy idiom: `with
+  tf.control_dependencies(update_ops)` around `apply_gradients`, the first
+  tower's statistics only), the gradients and the losses given to
+  `compute_gradients` (tf-slim's `create_train_op` puts its update ops in a
+  barrier the loss depends on), in the collection's order. Then the writes
+  among those ancestors that are in no collection (`in_place`: batch norm
+  with `updates_collections=None` assigns its statistics in the forward
+  pass). Variables written in conds (a batch norm whose `training` is a
+  tensor) are found by `writes` too. One backward walk over the graph for
+  the entries, one for the in-place writes.
+
+  Args:
+    roots: Operations.
+    own: variables the step writes itself (its `global_step`): never
+      taken as in-place writes.
+  """
+  everything = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
   entries = {as_op(u) for u in everything}
-  stack = list(probe.control_inputs)
-  for tensor in tf.nest.flatten(tensors, expand_composites=True):
-    stack.append(tensor.op)
-  found, seen = set(), set()
+  stack, found, seen = list(roots), set(), set()
   while stack and len(found) < len(entries):
     op = stack.pop()
     if op in seen:
@@ -230,4 +251,7 @@ def update_ops_run_by(tensors, probe_name):
     if op in entries:
       found.add(op)
     stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-  return [u for u in everything if as_op(u) in found]
+  run = [u for u in everything if as_op(u) in found]
+  ops = set(as_op(u) for u in run)
+  return run + [op for op in in_place.run_before(roots, own)
+                if op not in ops]

@@ -13,7 +13,7 @@ from tf1_safe_train.core import cond_walk
 tf1 = tf.compat.v1
 
 # Op types that write the variable given as their first input.
-_WRITE_OP_TYPES = frozenset([
+WRITE_OP_TYPES = frozenset([
     "Assign", "AssignAdd", "AssignSub",
     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
     "ScatterUpdate", "ScatterAdd", "ScatterSub",
@@ -80,6 +80,11 @@ def register_decision(output):
   decisions.add(op)
 
 
+def decisions(graph):
+  """The ops of `graph`'s registered decisions (a set; see above)."""
+  return getattr(graph, _DECISIONS_ATTRIBUTE, set())
+
+
 _contexts = cond_walk.contexts
 
 
@@ -100,7 +105,7 @@ class _Search(object):
 
   def __init__(self, graph):
     self.var_ops = _variable_ops(graph)
-    self.decisions = getattr(graph, _DECISIONS_ATTRIBUTE, set())
+    self.decisions = decisions(graph)
     # Placeholder op in a v2 branch -> the cond's input it stands for.
     self.bindings = {}
     self.writes, self.others = [], []
@@ -156,7 +161,7 @@ class _Search(object):
       self.check_unknown(op)
       return
     for inner in cond_walk.branch_ops(op, self.bindings):
-      if inner.type in _WRITE_OP_TYPES:
+      if inner.type in WRITE_OP_TYPES:
         self.record(inner)
       elif (inner.type not in _V2_COND_OP_TYPES or
             cond_walk.branch_graphs(inner) is None):
@@ -171,7 +176,7 @@ class _Search(object):
     context around it) it follows every input until the Switch or Enter that
     brings a value in from outside.
     """
-    if op.type in _WRITE_OP_TYPES:
+    if op.type in WRITE_OP_TYPES:
       self.record(op)
       return _STOP if root is _TOP else root
     if op.type in _V2_COND_OP_TYPES:
