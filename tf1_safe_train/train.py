@@ -19,6 +19,7 @@ from tf1_safe_train import cli
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.trainer import crash_report
+from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import params as params_lib
 
@@ -139,16 +140,25 @@ def _run(cluster):
     cli.fail(_PROGRAM, e)
   except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
     cli.fail(_PROGRAM, e, 1)
-  except tf.errors.ResourceExhaustedError as e:
-    # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
-    # free huge buffers while Python tears down, which ended in a segfault
-    # and a thread dump after the message.
-    cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
-                 "tower(s); lower --batch_size (or --num_towers); the last "
-                 "checkpoint in %s is intact" % (
-                     cli.describe_op_error(e), params.batch_size,
-                     params.num_towers, params.train_dir), 1)
-  except tf.errors.OpError as e:
+  except (tf.errors.OpError, OSError) as e:
+    if disk_full.path_of(e) is not None:
+      # TensorFlow reports it as ResourceExhaustedError, as a failed
+      # allocation, but a smaller --batch_size would not help.
+      cli.fail_now(_PROGRAM, "%s; free space on that disk (or train in a "
+                   "--train_dir on another); the last complete checkpoint "
+                   "there is intact and a rerun resumes from it" %
+                   disk_full.describe(e), 1)
+    if isinstance(e, OSError):
+      raise
+    if isinstance(e, tf.errors.ResourceExhaustedError):
+      # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
+      # free huge buffers while Python tears down, which ended in a segfault
+      # and a thread dump after the message.
+      cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
+                   "tower(s); lower --batch_size (or --num_towers); the last "
+                   "checkpoint in %s is intact" % (
+                       cli.describe_op_error(e), params.batch_size,
+                       params.num_towers, params.train_dir), 1)
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
   if cluster is None or cluster.is_chief:
     logging.info("run summary: %s", os.path.join(params.train_dir,
