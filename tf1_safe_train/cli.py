@@ -6,6 +6,7 @@ binaries parse their flags before TensorFlow is imported, so a bad flag fails
 at once and without TensorFlow's start-up messages.
 """
 
+import math
 import os
 import sys
 
@@ -44,7 +45,7 @@ def flags_parser(program):
 
   def parse(argv):
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
     except flags.Error as e:
       fail(program, "%s (see --helpfull)" % e)
     except SystemExit:
@@ -53,8 +54,56 @@ def flags_parser(program):
       if any(arg.split("=")[0] in _HELP_FLAGS for arg in argv[1:]):
         sys.exit(0)
       raise
+    problem = nonfinite_float_flag(flags.FLAGS, argv)
+    if problem:
+      fail(program, problem)
+    return rest
 
   return parse
+
+
+def nonfinite_float_flag(parsed, argv):
+  """Why a float flag's value is refused (NaN or +-Inf), or None.
+
+  A NaN or infinite learning rate, grace period... breaks the run in ways a
+  guard cannot undo; every binary refuses them when it parses its flags.
+  Python reads "1e400" as inf: the line names what the user typed.
+
+  Args:
+    parsed: the parsed `flags.FLAGS`.
+    argv: the command line they were parsed from.
+
+  Returns:
+    One line naming the first such flag as given, or None.
+  """
+  for name in sorted(set(parsed)):
+    flag = parsed[name]
+    value = flag.value
+    if (not isinstance(flag.parser, flags.FloatParser) or
+        not isinstance(value, float) or math.isfinite(value)):
+      continue
+    typed = _typed_value(name, argv)
+    if typed is None or typed.strip().lower().lstrip("+-") in (
+        "nan", "inf", "infinity"):
+      return "--%s=%s: must be a finite number" % (
+          name, typed if typed is not None else value)
+    return ("--%s=%s: must be a finite number (%s overflows a float, whose "
+            "largest value is about 1.8e308)" % (name, typed, typed.strip()))
+  return None
+
+
+def _typed_value(name, argv):
+  """The text the last `--name=X` (or `--name X`) of `argv` gave, or None."""
+  typed = None
+  for i, arg in enumerate(argv[1:], 1):
+    if arg == "--":
+      break
+    for prefix in ("--" + name, "-" + name):
+      if arg.startswith(prefix + "="):
+        typed = arg[len(prefix) + 1:]
+      elif arg == prefix and i + 1 < len(argv):
+        typed = argv[i + 1]
+  return typed
 
 
 def resolve_path(path):
