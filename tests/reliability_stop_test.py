@@ -309,6 +309,45 @@ class SignalTest(tf.test.TestCase):
     self.assertNotIn("Traceback", text)
     self.assertLen(binaries.error_lines(text), 1, text)
 
+  # Regression test (issue 23, 9): SIGTERM during start-up ended the run
+  # with exit code 143 and no line at all. It now says so in one line (and
+  # still exits 128 + 15).
+  def testSigtermDuringStartUpExitsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = train_dir + ".log"
+    process = lib.start_trainer(_common_args(train_dir), log)
+    try:
+      # Once the trainer handles SIGTERM: start-up (TensorFlow's import,
+      # the graph) lasts seconds more.
+      self.assertTrue(lib.wait_until(
+          lambda: _catches(process.pid, signal.SIGTERM), 120,
+          interval=0.01, process=process), lib.read_text(log))
+      lib.send(process, signal.SIGTERM)
+      process.wait(timeout=240)
+    finally:
+      if process.poll() is None:
+        lib.kill_and_reap(process)
+    text = lib.read_text(log)
+    self.assertFalse(lib.progress_steps(text))  # It was still starting.
+    self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
+    self.assertNotIn("Traceback", text)
+    errors = binaries.error_lines(text)
+    self.assertEqual(errors, ["train: error: signal 15 (SIGTERM) before "
+                              "training started: stopped, nothing trained"],
+                     text)
+
+
+def _catches(pid, signum):
+  """True if process `pid` has a handler for `signum` (/proc: SigCgt)."""
+  try:
+    with open("/proc/%d/status" % pid) as f:
+      for line in f:
+        if line.startswith("SigCgt:"):
+          return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+  except (OSError, ValueError):
+    pass
+  return False
+
 
 if __name__ == "__main__":
   tf.test.main()

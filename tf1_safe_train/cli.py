@@ -8,6 +8,7 @@ at once and without TensorFlow's start-up messages.
 
 import math
 import os
+import signal
 import sys
 
 from absl import flags
@@ -38,6 +39,49 @@ def fail_now(program, message, exit_code):
     pass
   finally:
     os._exit(exit_code)  # pylint: disable=protected-access
+
+
+class StartUpSignal(KeyboardInterrupt):
+  """SIGTERM before training started, raised in the main thread.
+
+  A KeyboardInterrupt, as Ctrl-C's is: code that cleans up after Ctrl-C
+  cleans up after it too.
+  """
+
+  def __init__(self, signum):
+    super(StartUpSignal, self).__init__(signum)
+    self.signum = signum
+
+
+def _raise_start_up_signal(signum, frame):
+  del frame  # Unused.
+  raise StartUpSignal(signum)
+
+
+# The trainer's own handlers (`stop_signals`) replace this one when training
+# starts and, when they are removed, restore the default instead: a signal
+# while the run's summary is written is not "before training started".
+_raise_start_up_signal.start_up_only = True
+
+
+def raise_on_sigterm_during_start_up():
+  """Until training starts, SIGTERM raises `StartUpSignal` (one line then,
+  instead of the silent default death)."""
+  signal.signal(signal.SIGTERM, _raise_start_up_signal)
+
+
+def start_up_interrupted(program, error):
+  """Ends the program after Ctrl-C or SIGTERM during its start-up.
+
+  Args:
+    program: the binary's name.
+    error: the KeyboardInterrupt (a `StartUpSignal` for SIGTERM).
+  """
+  signum = getattr(error, "signum", signal.SIGINT)
+  fail(program, "%s before training started: stopped, nothing trained" % (
+      "interrupted" if signum == signal.SIGINT else
+      "signal %d (%s)" % (signum, signal.Signals(signum).name)),
+       128 + signum)
 
 
 def flags_parser(program):

@@ -91,12 +91,13 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
+  cli.raise_on_sigterm_during_start_up()
   try:
     _run(cluster)
-  except KeyboardInterrupt:
-    # Ctrl-C before the trainer's own handlers are installed (TensorFlow's
-    # import, graph building): nothing was trained or written yet.
-    cli.fail(_PROGRAM, "interrupted before training started", 130)
+  except KeyboardInterrupt as e:
+    # Ctrl-C or SIGTERM before the trainer's own handlers are installed
+    # (TensorFlow's import, graph building): nothing was trained yet.
+    cli.start_up_interrupted(_PROGRAM, e)
 
 
 def _run(cluster):
@@ -122,8 +123,10 @@ def _run(cluster):
       # Every task, so no ps serves workers that refused to start.
       raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
     if cluster is not None and cluster.job_name == cluster_lib.PS:
-      # A ps blocks in TensorFlow; Ctrl-C must end it at once.
+      # A ps blocks in TensorFlow (a Python handler would never run);
+      # Ctrl-C and SIGTERM must end it at once.
       signal.signal(signal.SIGINT, signal.SIG_DFL)
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)
       replicas.serve_parameter_server(cluster, params)
       return
     # A step too large for memory crashes inside TensorFlow (see

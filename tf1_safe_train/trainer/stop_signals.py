@@ -137,9 +137,13 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
 
     After a signal the run is over but the process is still ending (summary,
     exit): a further signal then only logs, rather than killing a process
-    that has saved everything without the line that says so.
+    that has saved everything without the line that says so. A previous
+    handler marked `start_up_only` (the binaries' "before training started",
+    `cli.raise_on_sigterm_during_start_up`) is not restored: the default is.
     """
     for sig, handler in self._previous.items():
+      if getattr(handler, "start_up_only", False):
+        handler = signal.SIG_DFL
       signal.signal(sig, _already_stopped if self.interrupted else handler)
     self._previous = {}
     if self._pipe is None:
