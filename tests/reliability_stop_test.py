@@ -346,7 +346,13 @@ class SignalTest(tf.test.TestCase):
     log = train_dir + ".log"
     process = lib.start_trainer(_common_args(train_dir), log)
     try:
-      time.sleep(1.0)  # Importing TensorFlow alone takes longer.
+      # Once main() runs (it handles SIGTERM from then on; Python handles
+      # SIGINT from its own start-up, which a fixed sleep could hit under
+      # load: a KeyboardInterrupt traceback from absl's import). Importing
+      # TensorFlow alone takes seconds more.
+      self.assertTrue(lib.wait_until(
+          lambda: _catches(process.pid, signal.SIGTERM), 120,
+          interval=0.01, process=process), lib.read_text(log))
       lib.send(process, signal.SIGINT)
       process.wait(timeout=240)
     finally:
