@@ -59,6 +59,27 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         self.assertOneLineError(result, expected)
         self.assertUntouched(train_dir, contents)
 
+  # Regression test (issue 23, 9): `--learning_rate=1e400` (which Python
+  # reads as inf) was reported as `--learning_rate=inf`. The line names
+  # what was typed and that it overflows; NaN and Inf as typed.
+  def testNonFiniteFloatFlagNamesTheValueAsTyped(self):
+    train_dir, contents = self._existing_run()
+    cases = [
+        (["--learning_rate=1e400"], "train: error: --learning_rate=1e400: "
+         "must be a finite number (1e400 overflows a float"),
+        (["--weight_decay", "-1E999"], "train: error: --weight_decay=-1E999: "
+         "must be a finite number (-1E999 overflows a float"),
+        (["--learning_rate=NaN"], "train: error: --learning_rate=NaN: must "
+         "be a finite number"),
+    ]
+    for args, expected in cases:
+      with self.subTest(args=args):
+        result = binaries.run("train", "--train_dir=" + train_dir, *args)
+        self.assertOneLineError(result, expected, exit_code=2)
+        self.assertStartsWith(binaries.error_lines(result.stderr)[0],
+                              expected)
+        self.assertUntouched(train_dir, contents)
+
   def testBadData(self):
     train_dir, contents = self._existing_run()
     data_dir = os.path.join(self.get_temp_dir(), "cifar")

@@ -1,11 +1,16 @@
 """The launcher's library: no flags of its own, and the arguments it refuses."""
 
+import io
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import tensorflow as tf
 
+import binaries
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import local_cluster_lib
 
@@ -39,6 +44,67 @@ class LocalClusterLibTest(tf.test.TestCase):
     addresses = config.ps + config.worker
     self.assertLen(set(addresses), 4)
     self.assertTrue(config.is_chief)
+
+
+# A task that counts the SIGTERMs it gets (one line each in DIR/<task>) and
+# never stops by itself: the launcher's grace period, then SIGKILL, end it.
+_COUNTING_TASK = """
+import json, os, signal, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+path = os.path.join(sys.argv[1], "%s%d" % (task["type"], task["index"]))
+def count(signum, frame):
+  with open(path, "a") as f:
+    f.write("%d\\n" % signum)
+signal.signal(signal.SIGTERM, count)
+open(path + ".ready", "w").close()
+while True:
+  time.sleep(0.05)
+"""
+
+
+class StopOnceTest(tf.test.TestCase):
+
+  # Regression test (issue 23, 9): a stop request reached each task twice
+  # (once from the stop, once more from the final clean-up), which a
+  # trainer takes as "stop at once, without the final checkpoint". Each
+  # task now gets one SIGTERM, then after its grace period SIGKILL.
+  def testEachTaskGetsOneSigterm(self):
+    directory = self.get_temp_dir()
+    launcher = local_cluster_lib.LocalCluster(
+        1, 2, lambda unused_task: [sys.executable, "-c", _COUNTING_TASK,
+                                   directory],
+        out=io.StringIO(), err=io.StringIO(), stop_grace_secs=1.0)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(launcher.run()))
+    thread.start()
+    names = ("ps0", "worker0", "worker1")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+        os.path.exists(os.path.join(directory, n + ".ready")) for n in names):
+      time.sleep(0.05)
+    launcher.request_stop(signal.SIGTERM)
+    thread.join(timeout=240)
+    self.assertFalse(thread.is_alive())
+    self.assertEqual(result, [128 + signal.SIGTERM])
+    for name in names:
+      with open(os.path.join(directory, name)) as f:
+        self.assertEqual(f.read().split(), [str(int(signal.SIGTERM))], name)
+
+
+class FlagsTest(tf.test.TestCase):
+
+  # Regression test (issue 23, 9): --stop_grace_secs=nan or -1 was
+  # accepted ("still running nans after the chief finished").
+  def testGracePeriodMustBeFiniteAndNotNegative(self):
+    for value, text in (("nan", "must be a finite number"),
+                        ("-inf", "must be a finite number"),
+                        ("-1", "must be a finite number >= 0")):
+      with self.subTest(value=value):
+        result = binaries.run("local_cluster", "--stop_grace_secs=" + value,
+                              "--", "--max_steps=1", timeout=120)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(binaries.our_lines(result.stderr), [
+            "local_cluster: error: --stop_grace_secs=%s: %s" % (value, text)])
 
 
 if __name__ == "__main__":

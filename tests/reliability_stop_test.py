@@ -23,6 +23,7 @@ import tensorflow as tf
 import binaries
 import reliability_lib as lib
 import train_dir_util
+from tf1_safe_train.trainer import stop_signals
 
 tf1 = tf.compat.v1
 
@@ -123,6 +124,26 @@ class HugeFetchHook(tf1.train.SessionRunHook):
 real_train = train_lib.train
 train_lib.train = lambda params, cluster=None: real_train(
     params, cluster=cluster, extra_hooks=[HugeFetchHook()])
+app.run(train.main, flags_parser=cli.flags_parser("train"))
+"""
+
+
+# `//:train`'s main with one more hook, whose `end` blocks: the session
+# never finishes closing (as a final save to a hung disk would not).
+_BLOCKED_END_DRIVER = r"""
+import time
+from absl import app
+import tensorflow as tf
+from tf1_safe_train import cli, train
+from tf1_safe_train.trainer import train_lib
+
+class BlockedEndHook(tf.compat.v1.train.SessionRunHook):
+  def end(self, session):
+    time.sleep(3600)
+
+real_train = train_lib.train
+train_lib.train = lambda params, cluster=None: real_train(
+    params, cluster=cluster, extra_hooks=[BlockedEndHook()])
 app.run(train.main, flags_parser=cli.flags_parser("train"))
 """
 
@@ -238,24 +259,38 @@ class SignalTest(tf.test.TestCase):
   def testCtrlCSavesCheckpointAndSummary(self):
     self._interrupt(signal.SIGINT)
 
-  # Regression test (issue 17, 4): two SIGTERMs 50 ms apart ended the run
-  # with no line and no run_summary.json, and the final checkpoint half
-  # written. The second signal now ends the run at once with one line and a
-  # summary, and the last complete checkpoint stays the resume point.
+  # Regression test (issue 17, 4): two SIGTERMs apart ended the run with
+  # no line and no run_summary.json, and the final checkpoint half written.
+  # The second signal now ends the run at once with one line and a summary,
+  # and the last complete checkpoint stays the resume point. Regression
+  # test (issue 23, 9): that summary lacked the rollback counters
+  # (global_step 41 != applied 32 + skipped 4): it now has every field a
+  # normal end's has.
   def testSecondSignalEndsAtOnceWithLineSummaryAndResumePoint(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     log = train_dir + ".log"
-    process = lib.start_trainer(_common_args(train_dir) + [
-        "--max_steps=1000000", "--save_checkpoints_steps=4",
-        # Steps and saves long enough for the second signal to find the run
-        # still going (after the run, a signal only logs).
-        "--log_every_n_steps=1", "--model=resnet20"], log)
+    args = _common_args(train_dir) + [
+        "--batch_size=2", "--max_steps=1000000", "--save_checkpoints_steps=5",
+        "--log_every_n_steps=1", "--inject_nonfinite=nan@20-25:0",
+        "--max_consecutive_skips=4", "--on_persistent_skips=rollback",
+        "--rollback_min_applied_steps=5"]
+    # The run blocks when its session ends (before its final checkpoint):
+    # the second signal, however late, finds it still running.
+    with open(log, "ab") as out:
+      process = subprocess.Popen(
+          [sys.executable, "-c", _BLOCKED_END_DRIVER] + args, stdout=out,
+          stderr=subprocess.STDOUT, env=binaries.env(),
+          start_new_session=True)
     try:
       self.assertTrue(lib.wait_until(
-          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 9,
+          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 28,
           300, process=process), lib.read_text(log))
       lib.send(process, signal.SIGTERM)
-      time.sleep(0.05)
+      self.assertTrue(lib.wait_until(
+          lambda: "stopping after this step" in lib.read_text(log), 120,
+          process=process), lib.read_text(log))
+      # Past the window in which further signals count as the first.
+      time.sleep(2 * stop_signals.SAME_REQUEST_SECS)
       lib.send(process, signal.SIGTERM)
       process.wait(timeout=240)
     finally:
@@ -264,6 +299,7 @@ class SignalTest(tf.test.TestCase):
     text = lib.read_text(log)
     self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
     self.assertNotIn("Traceback", text)
+    self.assertIn("rolled back at step", text)
     errors = binaries.error_lines(text)
     self.assertLen(errors, 1, text)
     self.assertEqual(binaries.our_lines(text)[-1], errors[0])
@@ -271,7 +307,19 @@ class SignalTest(tf.test.TestCase):
                           "stopped at once" % signal.SIGTERM)
     summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "aborted")
-    self.assertGreaterEqual(summary["global_step"], 9)
+    self.assertGreaterEqual(summary["global_step"], 28)
+    # Every field of a normal end's summary, the rollback's included.
+    for key in ("applied_steps", "skipped_steps", "rolled_back_steps",
+                "rollback_count", "rollbacks", "learning_rate_multiplier",
+                "forensics", "nonfinite_steps_by_tower",
+                "max_consecutive_skips_seen", "params"):
+      self.assertIn(key, summary)
+    self.assertEqual(summary["rollback_count"], 1)
+    self.assertLen(summary["rollbacks"], 1)
+    self.assertEqual(summary["global_step"], summary["applied_steps"] +
+                     summary["skipped_steps"] + summary["rolled_back_steps"])
+    self.assertEqual(summary["forensics"]["skip_records"],
+                     summary["skipped_steps"])
     # The resume point is a complete checkpoint, named in line and summary.
     last = train_dir_util.latest_checkpoint(train_dir)
     self.assertEqual(summary["resume_checkpoint"], last)
@@ -279,9 +327,10 @@ class SignalTest(tf.test.TestCase):
     values = train_dir_util.checkpoint_values(last)
     self.assertEqual(train_dir_util.nonfinite_entries(values), [])
     step = int(values["global_step"])
-    self.assertGreaterEqual(step, 4)
-    result = lib.run_trainer(_common_args(train_dir) + [
-        "--max_steps=%d" % (step + 2), "--model=resnet20"])
+    self.assertGreaterEqual(step, 25)
+    result = lib.run_trainer(
+        [a for a in args if not a.startswith("--max_steps=")] +
+        ["--max_steps=%d" % (step + 2)])
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(
         train_dir_util.read_run_summary(train_dir)["steps_this_run"], 2)
@@ -297,7 +346,13 @@ class SignalTest(tf.test.TestCase):
     log = train_dir + ".log"
     process = lib.start_trainer(_common_args(train_dir), log)
     try:
-      time.sleep(1.0)  # Importing TensorFlow alone takes longer.
+      # Once main() runs (it handles SIGTERM from then on; Python handles
+      # SIGINT from its own start-up, which a fixed sleep could hit under
+      # load: a KeyboardInterrupt traceback from absl's import). Importing
+      # TensorFlow alone takes seconds more.
+      self.assertTrue(lib.wait_until(
+          lambda: _catches(process.pid, signal.SIGTERM), 120,
+          interval=0.01, process=process), lib.read_text(log))
       lib.send(process, signal.SIGINT)
       process.wait(timeout=240)
     finally:
@@ -308,6 +363,45 @@ class SignalTest(tf.test.TestCase):
     self.assertNotEqual(process.returncode, 0)
     self.assertNotIn("Traceback", text)
     self.assertLen(binaries.error_lines(text), 1, text)
+
+  # Regression test (issue 23, 9): SIGTERM during start-up ended the run
+  # with exit code 143 and no line at all. It now says so in one line (and
+  # still exits 128 + 15).
+  def testSigtermDuringStartUpExitsWithOneLine(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = train_dir + ".log"
+    process = lib.start_trainer(_common_args(train_dir), log)
+    try:
+      # Once the trainer handles SIGTERM: start-up (TensorFlow's import,
+      # the graph) lasts seconds more.
+      self.assertTrue(lib.wait_until(
+          lambda: _catches(process.pid, signal.SIGTERM), 120,
+          interval=0.01, process=process), lib.read_text(log))
+      lib.send(process, signal.SIGTERM)
+      process.wait(timeout=240)
+    finally:
+      if process.poll() is None:
+        lib.kill_and_reap(process)
+    text = lib.read_text(log)
+    self.assertFalse(lib.progress_steps(text))  # It was still starting.
+    self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
+    self.assertNotIn("Traceback", text)
+    errors = binaries.error_lines(text)
+    self.assertEqual(errors, ["train: error: signal 15 (SIGTERM) before "
+                              "training started: stopped, nothing trained"],
+                     text)
+
+
+def _catches(pid, signum):
+  """True if process `pid` has a handler for `signum` (/proc: SigCgt)."""
+  try:
+    with open("/proc/%d/status" % pid) as f:
+      for line in f:
+        if line.startswith("SigCgt:"):
+          return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+  except (OSError, ValueError):
+    pass
+  return False
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ at once and without TensorFlow's start-up messages.
 """
 
 import logging
+import math
 import os
+import signal
 import sys
 
 from absl import flags
@@ -41,12 +43,55 @@ def fail_now(program, message, exit_code):
     os._exit(exit_code)  # pylint: disable=protected-access
 
 
+class StartUpSignal(KeyboardInterrupt):
+  """SIGTERM before training started, raised in the main thread.
+
+  A KeyboardInterrupt, as Ctrl-C's is: code that cleans up after Ctrl-C
+  cleans up after it too.
+  """
+
+  def __init__(self, signum):
+    super(StartUpSignal, self).__init__(signum)
+    self.signum = signum
+
+
+def _raise_start_up_signal(signum, frame):
+  del frame  # Unused.
+  raise StartUpSignal(signum)
+
+
+# The trainer's own handlers (`stop_signals`) replace this one when training
+# starts and, when they are removed, restore the default instead: a signal
+# while the run's summary is written is not "before training started".
+_raise_start_up_signal.start_up_only = True
+
+
+def raise_on_sigterm_during_start_up():
+  """Until training starts, SIGTERM raises `StartUpSignal` (one line then,
+  instead of the silent default death)."""
+  signal.signal(signal.SIGTERM, _raise_start_up_signal)
+
+
+def start_up_interrupted(program, error):
+  """Ends the program after Ctrl-C or SIGTERM during its start-up.
+
+  Args:
+    program: the binary's name.
+    error: the KeyboardInterrupt (a `StartUpSignal` for SIGTERM).
+  """
+  signum = getattr(error, "signum", signal.SIGINT)
+  fail(program, "%s before training started: stopped, nothing trained" % (
+      "interrupted" if signum == signal.SIGINT else
+      "signal %d (%s)" % (signum, signal.Signals(signum).name)),
+       128 + signum)
+
+
 def flags_parser(program):
   """Returns an absl `flags_parser` that reports bad flags in one line."""
 
   def parse(argv):
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
     except flags.Error as e:
       fail(program, "%s (see --helpfull)" % e)
     except SystemExit:
@@ -55,8 +100,56 @@ def flags_parser(program):
       if any(arg.split("=")[0] in _HELP_FLAGS for arg in argv[1:]):
         sys.exit(0)
       raise
+    problem = nonfinite_float_flag(flags.FLAGS, argv)
+    if problem:
+      fail(program, problem)
+    return rest
 
   return parse
+
+
+def nonfinite_float_flag(parsed, argv):
+  """Why a float flag's value is refused (NaN or +-Inf), or None.
+
+  A NaN or infinite learning rate, grace period... breaks the run in ways a
+  guard cannot undo; every binary refuses them when it parses its flags.
+  Python reads "1e400" as inf: the line names what the user typed.
+
+  Args:
+    parsed: the parsed `flags.FLAGS`.
+    argv: the command line they were parsed from.
+
+  Returns:
+    One line naming the first such flag as given, or None.
+  """
+  for name in sorted(set(parsed)):
+    flag = parsed[name]
+    value = flag.value
+    if (not isinstance(flag.parser, flags.FloatParser) or
+        not isinstance(value, float) or math.isfinite(value)):
+      continue
+    typed = _typed_value(name, argv)
+    if typed is None or typed.strip().lower().lstrip("+-") in (
+        "nan", "inf", "infinity"):
+      return "--%s=%s: must be a finite number" % (
+          name, typed if typed is not None else value)
+    return ("--%s=%s: must be a finite number (%s overflows a float, whose "
+            "largest value is about 1.8e308)" % (name, typed, typed.strip()))
+  return None
+
+
+def _typed_value(name, argv):
+  """The text the last `--name=X` (or `--name X`) of `argv` gave, or None."""
+  typed = None
+  for i, arg in enumerate(argv[1:], 1):
+    if arg == "--":
+      break
+    for prefix in ("--" + name, "-" + name):
+      if arg.startswith(prefix + "="):
+        typed = arg[len(prefix) + 1:]
+      elif arg == prefix and i + 1 < len(argv):
+        typed = argv[i + 1]
+  return typed
 
 
 def resolve_path(path):

@@ -19,6 +19,7 @@ from tf1_safe_train import cli
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.trainer import crash_report
+from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import params as params_lib
 
@@ -90,12 +91,13 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
+  cli.raise_on_sigterm_during_start_up()
   try:
     _run(cluster)
-  except KeyboardInterrupt:
-    # Ctrl-C before the trainer's own handlers are installed (TensorFlow's
-    # import, graph building): nothing was trained or written yet.
-    cli.fail(_PROGRAM, "interrupted before training started", 130)
+  except KeyboardInterrupt as e:
+    # Ctrl-C or SIGTERM before the trainer's own handlers are installed
+    # (TensorFlow's import, graph building): nothing was trained yet.
+    cli.start_up_interrupted(_PROGRAM, e)
 
 
 def _run(cluster):
@@ -120,8 +122,10 @@ def _run(cluster):
       # Every task, so no ps serves workers that refused to start.
       raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
     if cluster is not None and cluster.job_name == cluster_lib.PS:
-      # A ps blocks in TensorFlow; Ctrl-C must end it at once.
+      # A ps blocks in TensorFlow (a Python handler would never run);
+      # Ctrl-C and SIGTERM must end it at once.
       signal.signal(signal.SIGINT, signal.SIG_DFL)
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)
       replicas.serve_parameter_server(cluster, params)
       return
     # A step too large for memory crashes inside TensorFlow (see
@@ -138,16 +142,25 @@ def _run(cluster):
     cli.fail(_PROGRAM, e)
   except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
     cli.fail(_PROGRAM, e, 1)
-  except tf.errors.ResourceExhaustedError as e:
-    # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
-    # free huge buffers while Python tears down, which ended in a segfault
-    # and a thread dump after the message.
-    cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
-                 "tower(s); lower --batch_size (or --num_towers); the last "
-                 "checkpoint in %s is intact" % (
-                     cli.describe_op_error(e), params.batch_size,
-                     params.num_towers, params.train_dir), 1)
-  except tf.errors.OpError as e:
+  except (tf.errors.OpError, OSError) as e:
+    if disk_full.path_of(e) is not None:
+      # TensorFlow reports it as ResourceExhaustedError, as a failed
+      # allocation, but a smaller --batch_size would not help.
+      cli.fail_now(_PROGRAM, "%s; free space on that disk (or train in a "
+                   "--train_dir on another); the last complete checkpoint "
+                   "there is intact and a rerun resumes from it" %
+                   disk_full.describe(e), 1)
+    if isinstance(e, OSError):
+      raise
+    if isinstance(e, tf.errors.ResourceExhaustedError):
+      # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
+      # free huge buffers while Python tears down, which ended in a segfault
+      # and a thread dump after the message.
+      cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
+                   "tower(s); lower --batch_size (or --num_towers); the last "
+                   "checkpoint in %s is intact" % (
+                       cli.describe_op_error(e), params.batch_size,
+                       params.num_towers, params.train_dir), 1)
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
   if cluster is None or cluster.is_chief:
     logging.info("run summary: %s", os.path.join(params.train_dir,

@@ -11,6 +11,7 @@ SIGKILL. The binary (local_cluster.py) holds the flags and `main`.
 
 import ctypes
 import ctypes.util
+import math
 import os
 import signal
 import socket
@@ -66,6 +67,7 @@ class _Task(object):
   def __init__(self, config, command, env, out, err, lock):
     self.name = config.task_name
     self.config = config
+    self.asked_to_stop = False
     env = dict(env, TF_CONFIG=config.to_tf_config())
     # A new session: Ctrl-C in the terminal reaches the launcher only, which
     # stops the tasks in order (a second SIGINT would kill a trainer before
@@ -89,6 +91,18 @@ class _Task(object):
 
   def poll(self):
     return self.process.poll()
+
+  def ask_to_stop(self, signum):
+    """Sends `signum` (a stop request) once: True if sent now.
+
+    A trainer takes a second signal as "stop at once, without the final
+    checkpoint"; one stop request must never look like two.
+    """
+    if self.asked_to_stop or self.process.poll() is not None:
+      return False
+    self.asked_to_stop = True
+    self.signal(signum)
+    return True
 
   def signal(self, signum):
     if self.process.poll() is None:
@@ -147,6 +161,10 @@ class LocalCluster(object):
     if num_ps < 1 or num_workers < 1:
       raise ValueError("a cluster needs at least one ps and one worker, got "
                        "--num_ps=%d --num_workers=%d" % (num_ps, num_workers))
+    if not (math.isfinite(stop_grace_secs) and stop_grace_secs >= 0):
+      # NaN would pass any comparison: "still running nans after...".
+      raise ValueError("--stop_grace_secs=%g: must be a finite number >= 0" %
+                       (stop_grace_secs,))
     self._num_ps = num_ps
     self._num_workers = num_workers
     self._command_fn = command_fn
@@ -217,11 +235,13 @@ class LocalCluster(object):
                   "them" % (self._stop_grace_secs, ", ".join(left)))
 
   def _stop_all(self, signum=signal.SIGTERM):
-    """Workers first (the chief saves), then the ps tasks."""
+    """Workers first (the chief saves), then the ps tasks.
+
+    Each task is asked once; one already asked has had its grace period.
+    """
     for job in (cluster_lib.WORKER, cluster_lib.PS):
-      group = [t for t in self.tasks if t.config.job_name == job]
-      for task in group:
-        task.signal(signum)
+      group = [t for t in self.tasks if t.config.job_name == job and
+               t.ask_to_stop(signum)]
       self._wait(group, self._stop_grace_secs)
 
   def _wait(self, tasks, timeout):
@@ -231,10 +251,8 @@ class LocalCluster(object):
       time.sleep(_POLL_SECS)
 
   def stop(self):
-    """Stops whatever is still running: SIGTERM, grace, SIGKILL."""
-    running = [t for t in self.tasks if t.poll() is None]
-    if running:
-      self._stop_all(signal.SIGTERM)
+    """Stops whatever is still running: SIGTERM (once), grace, SIGKILL."""
+    self._stop_all(signal.SIGTERM)
     for task in self.tasks:
       if task.poll() is None:
         task.signal(signal.SIGKILL)

@@ -139,6 +139,28 @@ def _evaluate(params, checkpoint):
 
 
 def _write_summary(eval_dir, result):
+  """Writes TensorBoard's eval scalars to `eval_dir` if it can.
+
+  Evaluation reads the train_dir; writing is a convenience. An archived run
+  (a read-only disk or directory) is evaluated all the same, with one line
+  saying the scalars were not written (and nothing written there).
+  """
+  parent = os.path.dirname(eval_dir)
+  writable = os.access(eval_dir if os.path.isdir(eval_dir) else parent,
+                       os.W_OK)
+  problem = None if writable else "not writable"
+  if writable:
+    try:
+      _write_scalars(eval_dir, result)
+    except (OSError, tf.errors.OpError) as e:
+      problem = str(e).strip().splitlines()[-1] if str(e).strip() else (
+          type(e).__name__)
+  if problem:
+    logging.warning("eval scalars for TensorBoard not written to %s (%s); "
+                    "the evaluation is complete", eval_dir, problem)
+
+
+def _write_scalars(eval_dir, result):
   with tf.Graph().as_default():
     writer = tf1.summary.FileWriter(eval_dir)
     writer.add_summary(tf1.Summary(value=[

@@ -33,6 +33,7 @@ from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import batch_store
+from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import replay_lib
 
 tf1 = tf.compat.v1
@@ -160,9 +161,19 @@ class ForensicsHook(core_hooks.GatedHook):
       replayed["input_examples"] = [self._name(i)
                                     for i in replayed["input_ids"]]
       record["replay_seconds"] = record.pop("seconds")
-      record["state_dir"] = os.path.relpath(
-          self._save_state(session, step, batches, scale),
-          self._params.train_dir)
+      try:
+        record["state_dir"] = os.path.relpath(
+            self._save_state(session, step, batches, scale),
+            self._params.train_dir)
+      except (OSError, tf.errors.OpError) as e:
+        if disk_full.path_of(e) is None:
+          raise
+        # The record matters more than the state (its ids are excluded on
+        # a restart): it is appended without state and the run goes on.
+        record["state_dir"] = None
+        record["state_error"] = disk_full.describe(e)
+        logging.warning("step %d: the skip's state for //:replay not saved: "
+                        "%s; its record is kept", step, record["state_error"])
       self.replay_seconds.append(record["replay_seconds"])
       self.verdicts["reproducible" if explained["reproduced"]
                     else "not_reproducible"] += 1

@@ -16,6 +16,13 @@ into a pipe, which a watchdog thread reads at once. The same thread runs an
 optional liveness check (a cluster worker's parameter servers) and ends the
 process when it fails, and, after a first signal, ends it when the run has
 not stopped within `stop_grace_secs`.
+
+One request often arrives as several signals: `timeout` signals its child and
+then the child's process group (two SIGTERMs), a terminal's Ctrl-C reaches
+the whole foreground group, and the kernel sends a task's parent-death signal
+once per thread of the dying launcher it is handed to. A handler cannot see
+who sent a signal, so signals arriving within `SAME_REQUEST_SECS` of the
+first count as that one; only a signal after that window is a second one.
 """
 
 import os
@@ -33,6 +40,10 @@ from tf1_safe_train.trainer import run_summary
 tf1 = tf.compat.v1
 
 _POLL_SECS = 1.0
+# Signals this soon after the first are the same request (module doc): long
+# enough for every copy of one request, short enough that a user's second
+# Ctrl-C ("stop now") is never swallowed.
+SAME_REQUEST_SECS = 1.0
 
 
 def _already_stopped(signum, frame):
@@ -70,7 +81,7 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
 
   def __init__(self, program="train", signals=(signal.SIGTERM, signal.SIGINT),
                on_abort=None, liveness=None, stop_grace_secs=None,
-               poll_secs=_POLL_SECS):
+               poll_secs=_POLL_SECS, same_request_secs=SAME_REQUEST_SECS):
     """Creates the hook.
 
     Args:
@@ -88,6 +99,8 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
         not stopped within this many seconds (None: wait as long as it
         takes).
       poll_secs: how often the watchdog runs `liveness` and the grace check.
+      same_request_secs: signals within this many seconds of the first
+        count as the first (see the module doc).
     """
     self._program = program
     self._signals = signals
@@ -95,6 +108,7 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
     self._liveness = liveness
     self._stop_grace_secs = stop_grace_secs
     self._poll_secs = poll_secs
+    self._same_request_secs = same_request_secs
     self._previous = {}
     self._previous_wakeup_fd = -1
     self._pipe = None
@@ -123,9 +137,13 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
 
     After a signal the run is over but the process is still ending (summary,
     exit): a further signal then only logs, rather than killing a process
-    that has saved everything without the line that says so.
+    that has saved everything without the line that says so. A previous
+    handler marked `start_up_only` (the binaries' "before training started",
+    `cli.raise_on_sigterm_during_start_up`) is not restored: the default is.
     """
     for sig, handler in self._previous.items():
+      if getattr(handler, "start_up_only", False):
+        handler = signal.SIG_DFL
       signal.signal(sig, _already_stopped if self.interrupted else handler)
     self._previous = {}
     if self._pipe is None:
@@ -152,17 +170,25 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
       if self._done.is_set():
         return
       if ready:
+        now = time.monotonic()
         for signum in os.read(read_fd, 64):
           if signum in self._signals:
-            self._on_signal(signum)
+            self._on_signal(signum, now)
       self._check()
 
-  def _on_signal(self, signum):
+  def _on_signal(self, signum, now):
+    """Handles signal `signum`, read at time.monotonic() `now`."""
     if not self.interrupted:
       logging.warning("signal %d: stopping after this step (a second signal "
-                      "stops at once, without the final checkpoint)", signum)
-      self._interrupted_at = time.monotonic()
+                      "%gs or more later stops at once, without the final "
+                      "checkpoint)", signum, self._same_request_secs)
+      self._interrupted_at = now
       self.interrupted = True
+      return
+    if now - self._interrupted_at < self._same_request_secs:
+      logging.info("signal %d %.3fs after the first: the same request "
+                   "(still stopping after this step)", signum,
+                   now - self._interrupted_at)
       return
     self._abort("second signal %d: stopped at once, without the final "
                 "checkpoint" % signum, 128 + signum)

@@ -93,11 +93,20 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     give_up = recovery.give_up_hook(
         params, step.loss_scale.floor_skips if step.loss_scale
         else step.counters.consecutive_skips, step)
+
+    def full_summary(exit_reason=None):
+      """The run summary now (an abort's has every field a normal one has)."""
+      summary = _summary(params, stats, give_up, on_signal, state_hook.report,
+                         first_step_time, start, time.time(),
+                         examples_per_step, strategy, exit_reason)
+      summary["forensics"] = dict(explain.summary(),
+                                  excluded_examples=excluded,
+                                  **forensics.totals(params.train_dir))
+      return summary
+
     on_signal = stop_signals.StopOnSignalHook(
         on_abort=lambda reason: is_chief and stop_signals.write_abort_summary(
-            params.train_dir, run_summary.build(
-                params, stats.latest, stats.steps_run, first_step_time,
-                start, time.time(), examples_per_step, "aborted"), reason),
+            params.train_dir, full_summary("aborted"), reason),
         liveness=strategy.liveness,
         stop_grace_secs=strategy.stop_grace_secs)
     state_check = finite_state.FiniteStateCheck()
@@ -153,27 +162,17 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
       strategy.finish()
     finally:
       on_signal.uninstall()
-    summary = _summary(params, stats, give_up, on_signal, state_hook.report,
-                       first_step_time, start, time.time(), examples_per_step,
-                       strategy)
-    summary["forensics"] = dict(explain.summary(), excluded_examples=excluded,
-                                **forensics.totals(params.train_dir))
+    summary = full_summary()
     if is_chief:  # Under the lock, as every write of the run.
       run_summary.write(params.train_dir, summary)
   return summary
 
 
 def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
-             start, end, examples_per_step, strategy):
-  """The run summary dict of `train`."""
-  if nonfinite:
-    exit_reason = "nonfinite_state"
-  elif give_up.gave_up:
-    exit_reason = "too_many_consecutive_skips"
-  elif on_signal.interrupted:
-    exit_reason = "interrupted"
-  else:
-    exit_reason = "max_steps"
+             start, end, examples_per_step, strategy, exit_reason=None):
+  """The run summary dict of `train` (`exit_reason`: decided here if None)."""
+  if exit_reason is None:
+    exit_reason = _exit_reason(nonfinite, give_up, on_signal)
   final, fields = strategy.summary_fields()
   summary = run_summary.build(params, stats.latest, stats.steps_run,
                               first_step_time, start, end, examples_per_step,
@@ -183,3 +182,14 @@ def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
   summary.update(fields)
   summary.update(recovery.summary_fields(give_up))
   return summary
+
+
+def _exit_reason(nonfinite, give_up, on_signal):
+  """Why a run that ended by itself (not aborted) ended."""
+  if nonfinite:
+    return "nonfinite_state"
+  if give_up.gave_up:
+    return "too_many_consecutive_skips"
+  if on_signal.interrupted:
+    return "interrupted"
+  return "max_steps"
