@@ -95,7 +95,7 @@ class ReplayBinaryTest(tf.test.TestCase):
   def testMissingSavedStateIsOneLine(self):
     broken = os.path.join(self.root, "broken")
     _train(broken, "--max_steps=2", "--inject_nonfinite=nan@1:0")
-    os.remove(os.path.join(broken, "skips", "step-1", "batch.npz"))
+    os.remove(os.path.join(broken, "skips", "step-1-1", "batch.npz"))
     self.assertOneLineError(self._replay("--train_dir=" + broken, "--step=1"),
                             "missing batch.npz")
 
