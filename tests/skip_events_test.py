@@ -14,6 +14,7 @@ import shutil
 import tensorflow as tf
 
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import offline_replay
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import skip_states
 from tf1_safe_train.trainer import train_lib
@@ -145,6 +146,23 @@ class SkipEventsTest(tf.test.TestCase):
                      "step-3-2")
     self.assertEqual(os.path.basename(skip_states.new_dir(train_dir, 3, 1)),
                      "worker1-step-3-1")
+
+  def testReplayPicksTheNewestRecordOfAStepOrTheOneAsked(self):
+    train_dir = self._dir("pick")
+    log = skip_log.path(train_dir)
+    os.makedirs(train_dir)
+    for k in (1, 2):
+      skip_log.append(log, dict(
+          step=3, worker=0, time=float(k), reason="nonfinite", towers=[],
+          state_dir=os.path.join("skips", "step-3-%d" % k)))
+    self.assertEqual(offline_replay.find_record(train_dir, 3)["time"], 2.0)
+    self.assertEqual(offline_replay.find_record(train_dir, 3, number=1)[
+        "time"], 1.0)
+    with self.assertRaisesRegex(offline_replay.ReplayError,
+                                "records 2 skip\\(s\\) of step 3, not 3"):
+      offline_replay.find_record(train_dir, 3, number=3)
+    with self.assertRaisesRegex(offline_replay.ReplayError, "pruned"):
+      offline_replay.replay_recorded(train_dir, 3)
 
 
 if __name__ == "__main__":
