@@ -12,7 +12,6 @@ import os
 
 import tensorflow as tf
 
-from tf1_safe_train import data
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import forensics
@@ -107,17 +106,19 @@ def _read_batches(directory, params, tower):
     # np.load of a damaged zip raises zipfile, OS, EOF, Value or Key
     # errors, whichever part it finds damaged first.
     raise ReplayError("%s: damaged (%s: %s)" % (path, type(e).__name__, e))
-  shape = (params.batch_size,) + tuple(data.IMAGE_SHAPE)
   if len(batches) != params.num_towers:
     raise ReplayError("%s holds %d tower(s)' batches but %s says "
                       "num_towers=%d (edited?)" % (
                           path, len(batches), forensics.PARAMS_FILE,
                           params.num_towers))
+  rows = (params.batch_size,)
   for images, labels, ids in batches:
-    if (images.shape != shape or labels.shape != shape[:1] or
-        ids.shape != shape[:1]):
-      raise ReplayError("%s: a batch of shape %s, not %s (damaged or "
-                        "edited?)" % (path, images.shape, shape))
+    if (images.ndim != 4 or images.shape[:1] != rows or
+        labels.shape != rows or ids.shape != rows):
+      raise ReplayError("%s: a batch of images %s, labels %s, ids %s, not "
+                        "%d of each (damaged, or params.json edited?)" % (
+                            path, images.shape, labels.shape, ids.shape,
+                            params.batch_size))
   if tower >= len(batches):
     raise ReplayError("the record's tower %d is not in %s" % (tower, path))
   return batches
