@@ -190,8 +190,14 @@ class Cifar10IdsTest(data_test_util.GraphTestCase):
                                   "cifar10 train split"):
         data.get_dataset("cifar10", "train", 2, self.data_dir,
                          exclude_ids=every)
+      # (issue 23, 6) One left: every batch would repeat it.
+      with self.assertRaisesRegex(ValueError, "leaves 1 of the 15 examples "
+                                  "of the cifar10 train split, fewer than a "
+                                  "batch"):
+        data.get_dataset("cifar10", "train", 2, self.data_dir,
+                         exclude_ids=every[1:])
       data.get_dataset("cifar10", "train", 2, self.data_dir,
-                       exclude_ids=every[1:])
+                       exclude_ids=every[2:])
 
   def testRefusesFilesTooLongForIds(self):
     with tf.Graph().as_default(), mock.patch.object(cifar10, "ID_STRIDE", 2):

@@ -119,8 +119,8 @@ class ForensicsTest(tf.test.TestCase):
     self.assertEqual(summary["forensics"]["suspect_devices"],
                      {"/device:CPU:1": 1})
     self.assertEqual(summary["forensics"]["explained_skips"], 1)
-    saved = forensics.skip_dir(train_dir, 2)
-    self.assertEqual(record["state_dir"], os.path.join("skips", "step-2"))
+    self.assertEqual(record["state_dir"], os.path.join("skips", "step-2-1"))
+    saved = os.path.join(train_dir, record["state_dir"])
     with open(os.path.join(saved, forensics.PARAMS_FILE)) as f:
       self.assertEqual(json.load(f)["step"], 2)
 
@@ -145,7 +145,7 @@ class ForensicsTest(tf.test.TestCase):
     self.assertNotIn("replay", records[1])
     self.assertEqual(records[1]["towers"][0]["nonfinite"], True)
     self.assertEqual(os.listdir(os.path.join(train_dir, forensics.SKIPS_DIR)),
-                     ["step-1"])
+                     ["step-1-1"])
     self.assertEqual(summary["forensics"]["skip_records"], 2)
     self.assertEqual(summary["forensics"]["explained_skips"], 1)
 

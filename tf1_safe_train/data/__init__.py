@@ -84,8 +84,10 @@ def get_dataset(name, split, batch_size, data_dir=None, seed=0,
 
   Raises:
     ValueError: if `name`, `split`, `batch_size` or `exclude_ids` is invalid,
-      e.g. a test batch larger than the split, or every example of a train
-      split excluded (the endless filter would wait forever).
+      e.g. a test batch larger than the split, or fewer examples of a train
+      split left than a batch (every example excluded: the endless filter
+      would wait forever; fewer than a batch: every batch would repeat
+      examples).
     cifar10.DataError: if the CIFAR-10 files are missing or damaged.
   """
   _check_name_and_split(name, split)
@@ -97,6 +99,11 @@ def get_dataset(name, split, batch_size, data_dir=None, seed=0,
     if not left:
       raise ValueError("exclude_ids holds all %d examples of the %s %s split"
                        % (available, name, split))
+    if split == "train" and batch_size > left:
+      # Batched after `repeat`: a batch would repeat its examples.
+      raise ValueError("exclude_ids leaves %d of the %d examples of the %s "
+                       "train split, fewer than a batch (%d)" %
+                       (left, available, name, batch_size))
     if split == "test" and batch_size > left:
       raise ValueError("batch_size %d exceeds the %d examples of the %s test "
                        "split%s, so no full batch exists" %
@@ -114,14 +121,25 @@ def get_dataset(name, split, batch_size, data_dir=None, seed=0,
 
 
 def _count_excluded(name, split, data_dir, excluded):
-  """How many examples of the split the sorted ids in `excluded` name."""
+  """How many examples of the split the sorted ids in `excluded` name (ids
+  that name none are not counted)."""
   if not len(excluded):
     return 0
+  return np.count_nonzero(np.isin(split_ids(name, split, data_dir), excluded))
+
+
+def split_ids(name, split, data_dir=None):
+  """The sorted int64 ids of every example of a split (see `get_dataset`'s
+  `with_ids`).
+
+  Raises:
+    ValueError: if `name` or `split` is unknown.
+    cifar10.DataError: if the CIFAR-10 files are missing or damaged.
+  """
+  _check_name_and_split(name, split)
   if name == "synthetic":
-    ids = np.arange(synthetic.NUM_EXAMPLES[split])
-  else:
-    ids = cifar10.record_ids(data_dir, split)
-  return np.count_nonzero(np.isin(ids, excluded))
+    return np.arange(synthetic.NUM_EXAMPLES[split], dtype=np.int64)
+  return np.sort(np.asarray(cifar10.record_ids(data_dir, split), np.int64))
 
 
 def describe_id(name, example_id, data_dir=None, split="train"):

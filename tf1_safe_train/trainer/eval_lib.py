@@ -15,6 +15,7 @@ import tensorflow as tf
 from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import params as params_lib
 
 tf1 = tf.compat.v1
 
@@ -58,8 +59,10 @@ def evaluate(params):
 
   Raises:
     NoCheckpointError: if `train_dir` has no checkpoint.
+    params.ParamsError: if the batch is larger than the test split.
   """
   params.validate()
+  _check_batch_size(params)
   for attempt in range(_ATTEMPTS):
     checkpoint = checkpoints.latest(params.train_dir)
     if checkpoint is None:
@@ -79,6 +82,17 @@ def evaluate(params):
                       checkpoint)
   _write_summary(os.path.join(params.train_dir, "eval"), result)
   return result
+
+
+def _check_batch_size(params):
+  """Refuses a batch larger than the test split: no full batch exists (the
+  partial last batch is dropped), so nothing would be evaluated."""
+  available = data.num_examples(params.dataset, "test", params.data_dir)
+  if params.batch_size > available:
+    raise params_lib.ParamsError(
+        "--batch_size=%d exceeds the %d examples of the %s test split: use "
+        "--batch_size=%d or less" % (params.batch_size, available,
+                                     params.dataset, available))
 
 
 def _check_finite(checkpoint, mapping):

@@ -9,6 +9,8 @@ abandoned (`rollback_window`): a restarted process must not feed them again
 either. The input pipeline drops them by id.
 """
 
+import numpy as np
+
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import rollback_window
 from tf1_safe_train.trainer import train_dir as train_dir_lib
@@ -25,58 +27,102 @@ def _ids_of(record):
   return "reproducible_batch", []
 
 
-def excluded(train_dir):
-  """(sorted example ids to drop, summary dict) from `train_dir`'s logs.
+class ExclusionError(train_dir_lib.TrainDirError):
+  """The train_dir's exclusions leave too few examples to train on (a
+  TrainDirError: the binary's one line and exit code 2)."""
 
-  `train_dir` None: nothing is dropped (exclusion turned off).
 
-  The summary: count (examples), by_reason (examples per reason:
-  nonfinite_input, reproducible_batch, rollback_window), steps (the skips
-  that named them), rollbacks (the steps of the rollbacks that did).
-
-  Raises:
-    train_dir.TrainDirError: if a log holds a line that is not a record.
-  """
-  ids, by_reason, steps = set(), {}, []
+def _records(train_dir):
+  """(skip records, rollback windows) of `train_dir`, validated."""
   try:
-    records = skip_log.read_all(train_dir) if train_dir else []
-    windows = rollback_window.excluded_ids(train_dir) if train_dir else []
+    return (skip_log.read_all(train_dir),
+            rollback_window.excluded_ids(train_dir))
   except skip_log.SkipLogError as e:
     raise train_dir_lib.TrainDirError(
         "%s (repair or move the file, or train with "
         "--noexclude_reproducible_skips)" % e)
+
+
+def excluded(train_dir, data_ids_fn=None, batch_size=1):
+  """(sorted example ids to drop, summary dict) from `train_dir`'s logs.
+
+  The union of the ids of every reproducible record (each skip event is a
+  record: several of one step all count) and of every rollback window.
+
+  Args:
+    train_dir: the run's directory; None: nothing is dropped (exclusion
+      turned off).
+    data_ids_fn: () -> sorted ids of the data the run trains on, or None
+      (a user pipeline: any id may be one). Ids not in the data are not
+      dropped but counted as unknown.
+    batch_size: the floor: fewer examples left than this is an error.
+
+  The summary: count (examples), by_reason (examples per reason:
+  nonfinite_input, reproducible_batch, rollback_window), steps (the skips
+  that named them), rollbacks (the steps of the rollbacks that did), and
+  unknown (ids not in the data) with unknown_ids (the first few).
+
+  Raises:
+    train_dir.TrainDirError: if a log is not readable or holds a line that
+      is not a record; ExclusionError if fewer than `batch_size` examples
+      of the data are left.
+  """
+  records, windows = _records(train_dir) if train_dir else ([], [])
+  named = []  # (reason, ids) in the order recorded.
+  steps, rollbacks = [], []
   for record in records:
-    if not record.get("reproduced"):
-      continue
-    reason, record_ids = _ids_of(record)
-    new = set(int(i) for i in record_ids) - ids
+    if record.get("reproduced"):
+      named.append(_ids_of(record))
+      steps.append({"step": record["step"], "worker": record["worker"]})
+  for at_step, window_ids in windows:
+    named.append((rollback_window.REASON, window_ids))
+    rollbacks.append(at_step)
+  data_ids = data_ids_fn() if named and data_ids_fn else None
+  ids, unknown, by_reason = set(), set(), {}
+  for reason, record_ids in named:
+    record_ids = set(record_ids)
+    if data_ids is not None:
+      outside = record_ids - set(np.intersect1d(
+          data_ids, np.array(sorted(record_ids), np.int64)).tolist())
+      unknown |= outside
+      record_ids -= outside
+    new = record_ids - ids
     ids |= new
     by_reason[reason] = by_reason.get(reason, 0) + len(new)
-    steps.append({"step": record["step"], "worker": record["worker"]})
-  rollbacks = []
-  for at_step, window_ids in windows:
-    new = set(window_ids) - ids
-    ids |= new
-    by_reason[rollback_window.REASON] = by_reason.get(
-        rollback_window.REASON, 0) + len(new)
-    rollbacks.append(at_step)
   summary = {"count": len(ids), "by_reason": by_reason, "steps": steps}
   if rollbacks:
     summary["rollbacks"] = rollbacks
+  if unknown:
+    summary.update(unknown=len(unknown), unknown_ids=sorted(unknown)[:5])
+  if data_ids is not None and len(data_ids) - len(ids) < batch_size:
+    raise ExclusionError(
+        "--train_dir=%s: not feeding the %d examples of its reproducible "
+        "skips and rollback windows again leaves %d of the data's %d, fewer "
+        "than a batch (--batch_size=%d); train with "
+        "--noexclude_reproducible_skips, or on other data" % (
+            train_dir, len(ids), len(data_ids) - len(ids), len(data_ids),
+            batch_size))
   return sorted(ids), summary
 
 
 def describe(summary):
-  """The startup line for `excluded`'s summary, or None if none is dropped.
+  """The startup line for `excluded`'s summary, or None if none is dropped
+  and no id is unknown.
 
   A restarted run reads fewer examples than its data holds: say how many
   and why, once, where the run's other startup lines are.
   """
+  unknown = ""
+  if summary.get("unknown"):
+    unknown = "%d unknown example id%s ignored (not in the data, e.g. %s)" % (
+        summary["unknown"], "" if summary["unknown"] == 1 else "s",
+        ", ".join(str(i) for i in summary["unknown_ids"]))
   if not summary["count"]:
-    return None
+    return unknown or None
   reasons = ", ".join("%d %s" % (n, reason.replace("_", " "))
                       for reason, n in sorted(summary["by_reason"].items())
                       if n)
   return ("not feeding %d example%s again (%s; "
-          "--noexclude_reproducible_skips feeds them)" %
-          (summary["count"], "" if summary["count"] == 1 else "s", reasons))
+          "--noexclude_reproducible_skips feeds them)%s" %
+          (summary["count"], "" if summary["count"] == 1 else "s", reasons,
+           "; " + unknown if unknown else ""))

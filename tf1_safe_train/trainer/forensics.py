@@ -11,13 +11,14 @@ writes a TensorBoard text and scalar.
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
 turn the run into a replay loop); a skip past the limit still gets its
 record, with the stored batch but no replay. Each explained skip also saves
-what `//:replay` needs to re-run it offline: `<train_dir>/skips/step-N/`
-(a checkpoint of the state the step saw, its batches, the run's params).
+what `//:replay` needs to re-run it offline: `<train_dir>/skips/step-N-K/`
+(a checkpoint of the state the step saw, its batches, the run's params;
+`skip_states` names and prunes them).
 
 The hook must run before the checkpoint saver's `after_run` (train_lib
 passes it as a first hook): a checkpoint covering the step is then written
 only after its record, so a SIGKILL in between loses nothing (the restart
-re-runs the step and its skip appends again; `skip_log` keeps one).
+re-runs the step and its skip appends a record of its own).
 """
 
 import collections
@@ -35,10 +36,11 @@ from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import batch_store
 from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import replay_lib
+from tf1_safe_train.trainer import skip_states
 
 tf1 = tf.compat.v1
 
-SKIPS_DIR = "skips"
+SKIPS_DIR = skip_states.SKIPS_DIR
 BATCH_FILE = "batch.npz"
 PARAMS_FILE = "params.json"
 CHECKPOINT_PREFIX = "state"
@@ -50,13 +52,6 @@ SPIKE = "spike (finite; not replayed)"
 OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
             "not replayed")
 LOSS_SCALE_FLOOR = 1.0  # The dynamic loss scale's (hooks.SkipReportHook's).
-
-
-def skip_dir(train_dir, step, worker=0):
-  """Where an explained skip's state is saved."""
-  name = "step-%d" % step if worker == 0 else "worker%d-step-%d" % (worker,
-                                                                     step)
-  return os.path.join(train_dir, SKIPS_DIR, name)
 
 
 def save_batches(directory, batches):
@@ -211,8 +206,10 @@ class ForensicsHook(core_hooks.GatedHook):
 
   def _save_state(self, session, step, batches, scale):
     """Saves the state the step saw (exact: a skip moves nothing)."""
-    directory = skip_dir(self._params.train_dir, step, self._worker)
-    os.makedirs(directory, exist_ok=True)
+    # A directory per event (`skip_states`); the oldest beyond
+    # max_explained are pruned, so skips/ stays bounded across runs.
+    directory = skip_states.new_dir(self._params.train_dir, step,
+                                    self._worker)
     save_batches(directory, batches)
     with open(os.path.join(directory, PARAMS_FILE), "w") as f:
       json.dump({"params": self._params.to_dict(), "step": step,
@@ -221,6 +218,8 @@ class ForensicsHook(core_hooks.GatedHook):
     self._forensics.saver.save(
         session, os.path.join(directory, CHECKPOINT_PREFIX),
         write_meta_graph=False, write_state=False)
+    skip_states.prune(self._params.train_dir, self._max_explained,
+                      self._worker)
     return directory
 
   def _summarize(self, step, text, reproduced, seconds):

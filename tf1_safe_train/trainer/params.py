@@ -117,7 +117,8 @@ class TrainParams(object):
   max_explained_skips: int = _param(
       10, "Replay at most this many skipped steps per run (each names the "
       "first non-finite op and data or device, see docs/forensics.md); "
-      "0 = none (skips are still recorded in skips.jsonl).")
+      "0 = none (skips are still recorded in skips.jsonl). skips/ keeps "
+      "the saved states of the newest this many, across runs.")
   exclude_reproducible_skips: bool = _param(
       True, "At startup, drop from the input the examples of skips whose "
       "replay reproduced (skips.jsonl) and of the data windows rollbacks "

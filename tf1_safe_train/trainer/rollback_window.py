@@ -79,31 +79,26 @@ def append(train_dir, at_step, data_window, ids, steps_without_ids):
       "steps_without_ids": steps_without_ids})
 
 
+def _window_problem(record):
+  """Why `record` is not a window record, or None."""
+  if not isinstance(record, dict):
+    return "not a JSON object"
+  step = record.get("step")
+  if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    return "step is %s, not an int >= 0" % json.dumps(step)[:40]
+  return skip_log.ids_problem("example_ids", record.get("example_ids"))
+
+
 def excluded_ids(train_dir):
   """[(at_step, example ids)] of every recorded window of `train_dir`.
 
-  Every record counts (unlike `skip_log.read`, which keeps one per step): a
-  rollback re-done at the same step after a crash abandoned other batches.
+  Every record counts: a rollback re-done at the same step after a crash
+  abandoned other batches.
 
   Raises:
-    skip_log.SkipLogError: if a line other than a torn last one (a write
-      cut by SIGKILL) is not a record.
+    skip_log.SkipLogError: if the file cannot be read, or a line other than
+      a torn last one (a write cut by SIGKILL) is not a valid record.
   """
-  log_path = path(train_dir)
-  if not os.path.exists(log_path):
-    return []
-  with open(log_path, "rb") as f:
-    lines = f.read().split(b"\n")
-  windows = []
-  for number, raw in enumerate(lines, 1):
-    if not raw.strip():
-      continue
-    try:
-      record = json.loads(raw.decode("utf-8"))
-      windows.append((int(record["step"]),
-                      [int(i) for i in record["example_ids"]]))
-    except (ValueError, KeyError, TypeError) as e:
-      if number == len(lines):  # Torn: its writer never returned.
-        continue
-      raise skip_log.SkipLogError("%s line %d: %s" % (log_path, number, e))
-  return windows
+  return [(record["step"], record["example_ids"])
+          for record in skip_log.read_lines(path(train_dir),
+                                            _window_problem)]

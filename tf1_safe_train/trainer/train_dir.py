@@ -16,6 +16,9 @@ import os
 import re
 import socket
 
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import rollback_window
+
 LOCK_FILE = "train.lock"
 # What a run of ours leaves in its train_dir (see train_lib, eval_lib).
 _OURS = re.compile(r"^(checkpoint|checkpoint\.tmp|graph\.pbtxt|eval|"
@@ -57,6 +60,7 @@ def check(train_dir):
         "checkpoint, events or run_summary.json; %d other entries, e.g. %s): "
         "use a new or empty directory" % (train_dir, len(names),
                                           sorted(names)[0]))
+  _check_read_back(train_dir, names or [])
   try:
     os.makedirs(train_dir, exist_ok=True)
     probe = os.path.join(train_dir, ".write_test")
@@ -66,6 +70,18 @@ def check(train_dir):
   except OSError as e:
     raise TrainDirError("--train_dir=%s is not writable: %s" %
                         (train_dir, e.strerror or e)) from None
+
+
+def _check_read_back(train_dir, names):
+  """Refuses a file the run reads back that is not a file (a directory, a
+  dangling symlink), before anything is written."""
+  logs = [n for n in names if n.startswith("skips-worker") and
+          n.endswith(".jsonl")]
+  for name in [LOCK_FILE, skip_log.FILENAME, rollback_window.FILENAME] + logs:
+    problem = skip_log.file_problem(os.path.join(train_dir, name))
+    if problem:
+      raise TrainDirError("%s %s: remove it (a run writes a file there)" %
+                          (os.path.join(train_dir, name), problem))
 
 
 def _holder(path):
@@ -90,7 +106,11 @@ def lock(train_dir):
     TrainDirError: if another process holds the lock.
   """
   path = os.path.join(train_dir, LOCK_FILE)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError as e:
+    raise TrainDirError("%s cannot be opened: %s" % (
+        path, skip_log.file_problem(path) or e.strerror or e)) from None
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -67,7 +67,9 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
   strategy.start()
   start = time.time()
   exclude_ids, excluded = exclusion.excluded(
-      params.train_dir if params.exclude_reproducible_skips else None)
+      params.train_dir if params.exclude_reproducible_skips else None,
+      None if dataset_fn else lambda: data.split_ids(
+          params.dataset, "train", params.data_dir), params.batch_size)
   line = exclusion.describe(excluded)
   if line:
     logging.info(line)

@@ -1,0 +1,169 @@
+"""One record per skip event, all excluded; skips/ bounded across runs.
+
+The trainer runs in-process (issue 23, items 1 and 5): skips that recur at
+one step (`increment_global_step_on_skip=False`) or that a restart re-runs
+each keep their record and their own saved state, a restart excludes the
+union of every reproducible record's ids and feeds none of them, and the
+saved states of one train_dir stay within `max_explained_skips` however
+many runs it sees, oldest pruned first, records kept.
+"""
+
+import os
+import shutil
+
+import tensorflow as tf
+
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import offline_replay
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import skip_states
+from tf1_safe_train.trainer import train_lib
+
+tf1 = tf.compat.v1
+
+
+def _params(train_dir, **overrides):
+  values = dict(train_dir=train_dir, num_towers=1, device="cpu", batch_size=4,
+                max_steps=4, save_checkpoints_steps=1000,
+                save_summaries_steps=1000, log_every_n_steps=1000)
+  values.update(overrides)
+  return params_lib.TrainParams(**values).validate()
+
+
+class _FedIds(tf1.train.SessionRunHook):
+  """Every example id the towers read (from the batch store)."""
+
+  def __init__(self):
+    self.ids = set()
+
+  def begin(self):
+    self._reads = [v.read_value() for v in tf1.local_variables()
+                   if v.name.startswith("batch_store/") and
+                   v.name.endswith("/ids:0")]
+
+  def after_run(self, run_context, run_values):
+    for ids in run_context.session.run(self._reads):
+      self.ids.update(int(i) for i in ids)
+
+
+def _bad_ids(records):
+  """The ids of the input rows each reproducible record names."""
+  ids = set()
+  for record in records:
+    if record.get("reproduced"):
+      ids |= set(record["replay"]["input_ids"])
+  return ids
+
+
+def _states(train_dir):
+  return sorted(os.listdir(os.path.join(train_dir, skip_states.SKIPS_DIR)))
+
+
+class SkipEventsTest(tf.test.TestCase):
+
+  def _dir(self, name):
+    return os.path.join(self.get_temp_dir(), name)
+
+  def assertRestartFeedsNoneOf(self, train_dir, bad, **overrides):
+    fed = _FedIds()
+    summary = train_lib.train(_params(train_dir, **overrides),
+                              extra_hooks=[fed])
+    excluded = summary["forensics"]["excluded_examples"]
+    self.assertEqual(excluded["count"], len(bad))
+    self.assertEqual(excluded["by_reason"], {"nonfinite_input": len(bad)})
+    self.assertNotEmpty(fed.ids)
+    self.assertEmpty(fed.ids & bad)
+
+  # Regression test (issue 23, 1): four skips all at step 5 excluded the
+  # examples of the last one only, and overwrote skips/step-5/.
+  def testRepeatedStepKeepsEveryRecordAndExcludesTheirUnion(self):
+    train_dir = self._dir("repeated")
+    summary = train_lib.train(_params(
+        train_dir, max_steps=6, increment_global_step_on_skip=False,
+        max_consecutive_skips=3, inject_nonfinite="nan@2:0",
+        inject_into="input"))
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    records = skip_log.read(skip_log.path(train_dir))
+    self.assertEqual([r["step"] for r in records], [2, 2, 2])
+    self.assertTrue(all(r["reproduced"] for r in records))
+    bad = _bad_ids(records)
+    self.assertLen(bad, 12)  # 3 batches of 4, each poisoned whole.
+    self.assertEqual(_states(train_dir), ["step-2-1", "step-2-2", "step-2-3"])
+    self.assertLen(set(r["state_dir"] for r in records), 3)
+    self.assertRestartFeedsNoneOf(train_dir, bad, max_steps=12)
+
+  # Regression test (issue 23, 1): a skip, a crash before a checkpoint
+  # covered it, a rerun that skips at that step again: the next restart
+  # excluded only the second record's examples.
+  def testRerunAfterACrashKeepsBothRecordsAndExcludesBoth(self):
+    train_dir = self._dir("rerun")
+    drill = dict(inject_nonfinite="nan@1:0", inject_into="input",
+                 max_steps=2)
+    train_lib.train(_params(train_dir, **drill))
+    # What a SIGKILL right after the record leaves: the record, no
+    # checkpoint covering its step.
+    for name in os.listdir(train_dir):
+      if name.startswith(("model.ckpt", "checkpoint", "events")):
+        os.remove(os.path.join(train_dir, name))
+    train_lib.train(_params(train_dir, **drill))
+    records = skip_log.read(skip_log.path(train_dir))
+    self.assertEqual([r["step"] for r in records], [1, 1])
+    first, second = (set(r["replay"]["input_ids"]) for r in records)
+    self.assertEmpty(first & second)  # The rerun did not feed them again.
+    self.assertEqual(_states(train_dir), ["step-1-1", "step-1-2"])
+    self.assertRestartFeedsNoneOf(train_dir, first | second, max_steps=6)
+
+  # Regression test (issue 23, 5): skips/ grew by max_explained_skips
+  # states per run, never pruned.
+  def testSavedStatesStayBoundedAcrossRuns(self):
+    train_dir = self._dir("bounded")
+    for run in range(3):
+      first = 4 * run + 1
+      train_lib.train(_params(
+          train_dir, max_steps=4 * run + 4, max_explained_skips=2,
+          inject_nonfinite="nan@%d-%d:0" % (first, first + 2)))
+      records = skip_log.read(skip_log.path(train_dir))
+      self.assertLen(records, 3 * (run + 1))  # Records are kept.
+      kept = [r for r in records if r.get("state_dir") and os.path.isdir(
+          os.path.join(train_dir, r["state_dir"]))]
+      # The newest two explained skips (this run's) keep their states.
+      self.assertEqual([r["step"] for r in kept], [first, first + 1])
+      self.assertEqual(_states(train_dir), sorted(
+          os.path.basename(r["state_dir"]) for r in kept))
+
+  def testOldStateDirsAreReadAndPrunedFirst(self):
+    train_dir = self._dir("old")
+    os.makedirs(os.path.join(train_dir, "skips", "step-9"))
+    self.assertEqual(os.path.basename(skip_states.new_dir(train_dir, 3)),
+                     "step-3-1")
+    self.assertEqual(skip_states.prune(train_dir, 1), ["step-9"])
+    shutil.rmtree(os.path.join(train_dir, "skips"))
+    # A name a record still names is not reused.
+    skip_log.append(skip_log.path(train_dir), dict(
+        step=3, worker=0, time=0.0, reason="nonfinite", towers=[],
+        state_dir=os.path.join("skips", "step-3-1")))
+    self.assertEqual(os.path.basename(skip_states.new_dir(train_dir, 3)),
+                     "step-3-2")
+    self.assertEqual(os.path.basename(skip_states.new_dir(train_dir, 3, 1)),
+                     "worker1-step-3-1")
+
+  def testReplayPicksTheNewestRecordOfAStepOrTheOneAsked(self):
+    train_dir = self._dir("pick")
+    log = skip_log.path(train_dir)
+    os.makedirs(train_dir)
+    for k in (1, 2):
+      skip_log.append(log, dict(
+          step=3, worker=0, time=float(k), reason="nonfinite", towers=[],
+          state_dir=os.path.join("skips", "step-3-%d" % k)))
+    self.assertEqual(offline_replay.find_record(train_dir, 3)["time"], 2.0)
+    self.assertEqual(offline_replay.find_record(train_dir, 3, number=1)[
+        "time"], 1.0)
+    with self.assertRaisesRegex(offline_replay.ReplayError,
+                                "records 2 skip\\(s\\) of step 3, not 3"):
+      offline_replay.find_record(train_dir, 3, number=3)
+    with self.assertRaisesRegex(offline_replay.ReplayError, "pruned"):
+      offline_replay.replay_recorded(train_dir, 3)
+
+
+if __name__ == "__main__":
+  tf.test.main()

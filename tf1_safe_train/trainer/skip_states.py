@@ -1,0 +1,84 @@
+"""The saved states of explained skips, `<train_dir>/skips/`: named, bounded.
+
+Each explained skip saves the state it saw in a directory of its own,
+`skips/step-N-K/` (worker w of a cluster: `skips/workerw-step-N-K/`): K
+counts that worker's saved states in the train_dir, so a step that skips
+again (re-run after a restart, or recurring with
+`--noincrement_global_step_on_skip`) never overwrites another event's
+state, and a name is never reused, even after pruning. Directories written
+before K existed (`skips/step-N/`) count as K = 0. `prune` keeps a worker's
+newest states (highest K) and deletes the older ones; their records stay in
+`skips.jsonl`.
+"""
+
+import os
+import re
+import shutil
+
+from tf1_safe_train.core import skip_log
+
+SKIPS_DIR = "skips"
+_NAME = re.compile(r"^(?:worker(\d+)-)?step-(\d+)(?:-(\d+))?$")
+
+
+def _prefix(worker):
+  return "step-" if worker == 0 else "worker%d-step-" % worker
+
+
+def _states(train_dir, worker):
+  """[(K, step, name)] of `worker`'s state directories, oldest first."""
+  root = os.path.join(train_dir, SKIPS_DIR)
+  try:
+    names = os.listdir(root)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  found = []
+  for name in names:
+    match = _NAME.match(name)
+    if (match and int(match.group(1) or 0) == worker and
+        os.path.isdir(os.path.join(root, name))):
+      found.append((int(match.group(3) or 0), int(match.group(2)), name))
+  return sorted(found)
+
+
+def _recorded(train_dir, worker):
+  """The state_dirs the worker's records name (a damaged log names none:
+  the restart reports it)."""
+  try:
+    return [r.get("state_dir") for r in skip_log.read(
+        skip_log.path(train_dir, worker))]
+  except skip_log.SkipLogError:
+    return []
+
+
+def new_dir(train_dir, step, worker=0):
+  """Creates and returns the directory of a new explained skip's state.
+
+  K is past every state present and every state a record names, so a name
+  whose directory was pruned or deleted by hand is not reused either.
+  """
+  serials = [k for k, _, _ in _states(train_dir, worker)]
+  for state_dir in _recorded(train_dir, worker):
+    match = _NAME.match(os.path.basename(str(state_dir or "")))
+    if match and int(match.group(1) or 0) == worker:
+      serials.append(int(match.group(3) or 0))
+  serial = max(serials, default=0) + 1
+  while True:  # (Only a directory made by hand can be in the way.)
+    directory = os.path.join(train_dir, SKIPS_DIR, "%s%d-%d" % (
+        _prefix(worker), step, serial))
+    try:
+      os.makedirs(directory)
+      return directory
+    except FileExistsError:
+      serial += 1
+
+
+def prune(train_dir, keep, worker=0):
+  """Deletes `worker`'s oldest states beyond the newest `keep`; returns the
+  names deleted."""
+  states = _states(train_dir, worker)
+  doomed = [name for _, _, name in states[:max(len(states) - keep, 0)]]
+  for name in doomed:
+    shutil.rmtree(os.path.join(train_dir, SKIPS_DIR, name),
+                  ignore_errors=True)
+  return doomed
