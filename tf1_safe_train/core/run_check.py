@@ -15,6 +15,8 @@ lookup; graphs without a watched step pay one attribute lookup.
 import functools
 import threading
 
+import tensorflow as tf
+
 from tensorflow.python.client import session as session_lib  # pylint: disable=g-direct-tensorflow-import
 
 from tf1_safe_train.core import fetch_gate
@@ -31,17 +33,46 @@ _install_lock = threading.Lock()
 _originals = {}
 
 
+def _sequence_key(fetches):
+  return tuple(map(_key, fetches))
+
+
+def _dict_key(fetches):  # Keys: strings, or hooks (by identity).
+  return tuple((k, _key(v)) for k, v in fetches.items())
+
+
+def _op_key(fetch):
+  # A variable, a sparse tensor: by the op it stands for (a variable's
+  # own hash raises where eager execution is on outside the graph).
+  return (type(fetch), id(getattr(fetch, "op", fetch)))
+
+
+def _key_function(kind):
+  """How to key fetches of type `kind`. A graph's ops and their tensors
+  are keyed by identity: they live as long as the graph, which holds the
+  cache (their own `__hash__` is slow)."""
+  if issubclass(kind, str):
+    return str
+  if issubclass(kind, (list, tuple)):
+    return _sequence_key
+  if issubclass(kind, dict):
+    return _dict_key
+  if issubclass(kind, (tf.Operation, tf.Tensor)):
+    return id
+  return _op_key
+
+
+# type -> its key function, filled as types are met.
+_KEY_FUNCTIONS = {}
+
+
 def _key(fetches):
-  """A hashable key for a nest of fetches, built by identity (cheap)."""
-  if isinstance(fetches, (list, tuple)):
-    return tuple(_key(f) for f in fetches)
-  if isinstance(fetches, dict):
-    return tuple((k, _key(v)) for k, v in fetches.items())
-  try:
-    hash(fetches)
-    return fetches
-  except TypeError:  # E.g. a variable where eager mode is on outside.
-    return ("name", getattr(fetches, "name", id(fetches)))
+  """A hashable key for a nest of fetches or feeds, cheap to build."""
+  kind = type(fetches)
+  function = _KEY_FUNCTIONS.get(kind)
+  if function is None:
+    function = _KEY_FUNCTIONS[kind] = _key_function(kind)
+  return function(fetches)
 
 
 def _leaves(fetches):
@@ -93,7 +124,7 @@ class GraphCheck(object):
 
   def before_run(self, graph, fetches, feeds):
     """Checks a run of `fetches` with `feeds` (keys) the first time only."""
-    key = (_key(fetches), frozenset(feeds) if feeds else None)
+    key = (_key(fetches), _key(list(feeds)) if feeds else None)
     if key not in self._checked:
       self._first_run(key, graph, fetches, feeds)
 
@@ -155,6 +186,12 @@ def install():
       _originals[name] = original
       setattr(session_lib.BaseSession, name,
               functools.wraps(original)(patch))
+
+
+def original_run():
+  """TensorFlow's own `BaseSession.run`, under the check (for benchmarks)."""
+  install()
+  return _originals["run"]
 
 
 def watch(step):
