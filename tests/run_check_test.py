@@ -142,6 +142,23 @@ class RunCheckTest(tf.test.TestCase):
         sess.run(tf1.global_variables_initializer())
         sess.run(loss, {x: test_util.GOOD_X})  # strict: would raise.
 
+  def testGanStepsEachRunAloneAreNotTold(self):
+    # A GAN: two wrappers, two steps, each run by its own session.run.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      steps = []
+      for scope in ("discriminator", "generator"):
+        loss, var_list = test_util.model(x, scope=scope)
+        opt = optimizer_lib.SkipNonFiniteOptimizer(
+            tf1.train.AdamOptimizer(0.01), strict=True)  # strict: clean
+        steps.append(opt.minimize(loss, var_list=var_list))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for step in steps:
+          sess.run(step, {x: test_util.GOOD_X})
+        with self.assertRaisesRegex(ValueError, "executes 2 guarded steps"):
+          sess.run(steps, {x: test_util.GOOD_X})
+
   def testCheckRunsFalseTurnsItOff(self):
     with tf.Graph().as_default() as graph:
       x, _, train_op, _ = _ema_step(strict=True, check_runs=False)
