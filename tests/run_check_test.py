@@ -50,7 +50,7 @@ class RunCheckTest(tf.test.TestCase):
     self.assertIn("model/b/ExponentialMovingAverage, "
                   "model/w/ExponentialMovingAverage", told[0])
     self.assertIn("`train_op = opt.protect(train_op)`", told[0])
-    self.assertIn("'train_op'", told[0])  # What this run fetched.
+    self.assertIn("('train_op' here)", told[0])  # What runs the step.
     self.assertIn("check_runs=False", told[0])  # How to turn it off.
 
   def testPlainSessionRunIsToldOnceAtTheFirstRun(self):
@@ -65,8 +65,11 @@ class RunCheckTest(tf.test.TestCase):
 
   def testMonitoredTrainingSessionWithoutHooksIsTold(self):
     with tf.Graph().as_default():
-      x, _, train_op, _ = _ema_step()
-      with tf1.train.MonitoredTrainingSession() as sess:
+      x, opt, train_op, _ = _ema_step()
+      # A hook whose fetches run the step too: the caller's op is named.
+      hooks = [tf1.train.StopAtStepHook(last_step=100),
+               tf1.train.LoggingTensorHook(opt.guard_result().counters, 1)]
+      with tf1.train.MonitoredTrainingSession(hooks=hooks) as sess:
         with self.assertLogs(level="WARNING") as logs:
           sess.run(train_op, {x: test_util.GOOD_X})
           sess.run(train_op, {x: test_util.GOOD_X})

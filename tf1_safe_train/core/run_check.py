@@ -134,7 +134,12 @@ class GraphCheck(object):
         return
       self.walks += 1
       ops = _fetched_ops(graph, fetches)
-      found = write_check.findings(ops, self.steps, _fed_names(feeds))
+      # A MonitoredSession runs {"caller": fetches, hook: its fetches}.
+      callers = (_fetched_ops(graph, fetches["caller"])
+                 if isinstance(fetches, dict) and "caller" in fetches
+                 else None)
+      found = write_check.findings(ops, self.steps, _fed_names(feeds),
+                                   callers=callers)
       # Raises if strict (not remembered: the next run is refused too).
       run_advice.tell(ops, found, any(s.strict for s in found.steps))
       if len(self._checked) >= _MAX_CACHED:

@@ -226,7 +226,7 @@ def _global_steps_twice(walked, steps):
   return sorted(found.items())
 
 
-def findings(ops, steps, fed=frozenset(), always=False):
+def findings(ops, steps, fed=frozenset(), always=False, callers=None):
   """What a run of `ops` does that a skip cannot undo or count once.
 
   Args:
@@ -235,6 +235,8 @@ def findings(ops, steps, fed=frozenset(), always=False):
     fed: names of the run's fed tensors.
     always: also name unguarded writes of a run that executes none of
       `steps` (an explicit check of a train op).
+    callers: the fetched ops to name first as what runs a step (the
+      caller's, not its hooks'); default: `ops`.
 
   Returns:
     `Findings`; all empty for a run that executes none of `steps` (an
@@ -251,8 +253,10 @@ def findings(ops, steps, fed=frozenset(), always=False):
   for step in steps:
     handled.update(step.handled_names)
   decided = set(s.applied.op for s in ran)
-  runners = [op for op in ops
-             if decided & fetch_gate.ancestors([op], fed)] if ran else []
+  runners = []
+  for candidates in (callers or [], ops):
+    runners = runners or [op for op in candidates if ran and
+                          decided & fetch_gate.ancestors([op], fed)]
   return Findings(ran, unguarded_writes(ops, decisions, handled, fed),
                   _global_steps_twice(walked, ran), runners or ops)
 
