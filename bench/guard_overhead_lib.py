@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from bench import memory
+from bench import run_check_cost
 from bench import timing
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import counters as counters_lib
@@ -512,8 +513,8 @@ def run(config, log_fn=print):
   Returns:
     A dict: `config`, `machine` (CPU count, load averages before and after,
     versions), `baseline`, `models` (model -> variant -> summary, see
-    `measure_model`, with the memory probe's fields, None where not probed)
-    and `seconds`.
+    `measure_model`, with the memory probe's fields, None where not probed),
+    `run_check` (`run_check_cost.measure`) and `seconds`.
   """
   config.validate()
   start = time.time()
@@ -521,6 +522,9 @@ def run(config, log_fn=print):
   results = {"models": {}}
   for model in config.models:
     results["models"][model] = measure_model(config, model, log_fn)
+  # Its own row: the first-run check's Python cost per session.run.
+  results["run_check"] = run_check_cost.measure(
+      rounds=min(config.rounds, 30), runs_per_block=100)
   probes = probe_memory(config, log_fn) if config.memory_probe else {}
   for model, by_variant in results["models"].items():
     for name, summary in by_variant.items():
@@ -602,5 +606,8 @@ def markdown(results):
         "building it and running %d step(s); that process held %.0f MiB "
         "before (TensorFlow, the batch, an empty session)." % (
             config["memory_probe_steps"], statistics.median(starts)))
-  return (timing.markdown_table(header, rows) + "\n\n" +
+  text = (timing.markdown_table(header, rows) + "\n\n" +
           "\n".join("- " + line for line in legend))
+  if "run_check" in results:
+    text += "\n\n" + run_check_cost.markdown(results["run_check"])
+  return text

@@ -16,6 +16,7 @@ from bench import cost_growth_lib
 from bench import cost_growth_variants
 from bench import executed_ops
 from bench import guard_overhead_lib
+from bench import run_check_cost
 from bench import towers_lib
 
 tf1 = tf.compat.v1
@@ -77,6 +78,14 @@ class GuardOverheadTest(tf.test.TestCase):
 
     self.assertEqual(16, results["config"]["batch_size"])
     self.assertGreater(results["machine"]["cpu_count"], 0)
+    # The first-run check's Python cost per session.run: its own rows.
+    run_check = results["run_check"]
+    self.assertEqual(list(run_check_cost.LABELS), list(run_check["labels"]))
+    for name in run_check_cost.LABELS:
+      self.assertGreater(run_check["us_per_run"][name], 0, name)
+    self.assertLen([line for line in result.stdout.splitlines()
+                    if line.startswith("| first-run check |")],
+                   len(run_check_cost.LABELS))
     # The table went to stdout: a header and one row per model and variant.
     rows = [line for line in result.stdout.splitlines()
             if line.startswith("| small_cnn |") or

@@ -18,6 +18,7 @@ from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import per_device
 from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import run_check
 from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train.core import step_report
 from tf1_safe_train.core import wrapper_replay
@@ -76,6 +77,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                loss_scale=None,
                strict=False,
                skip_spikes=None,
+               check_runs=True,
                name="SkipNonFinite"):
     """Creates the wrapper.
 
@@ -92,9 +94,14 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         scale, `compute_gradients` differentiates the scaled loss and returns
         the gradients divided by the scale (each in its variable's dtype,
         divided in float32), and the scale's update shares the decision.
-      strict: when `report_hook()` (or `report_fetches(train_op)`) first
-        sees a train op that writes variables outside the decision, raise
-        instead of warning (see `write_check`).
+      strict: when the first run of a step (or `check_train_op`) finds
+        what a skip cannot undo or count once (writes outside the decision,
+        several guarded steps in one run, global_step advanced twice),
+        raise instead of warning (see `run_check`).
+      check_runs: if True (default), the first `session.run` (or callable)
+        of each distinct set of fetches that executes a step of this
+        wrapper is checked, whoever runs it (`run_check`); later runs of
+        the same fetches pay one dict lookup. False: no such check.
       name: name scope of the decision ops.
 
     Raises:
@@ -118,6 +125,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                        "DynamicLossScale, got %r" % (loss_scale,))
     self._loss_scale = loss_scale
     self._strict = strict
+    self._check_runs = check_runs
     self._spike_config = (None if skip_spikes is None
                           else spikes_lib.SpikeConfig.of(skip_spikes))
     # Losses given to compute_gradients since the last apply_gradients.
@@ -261,6 +269,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         (list(self._loss_scale.variables) if self._loss_scale else []) +
         (detector.variables if detector else []) +
         ([global_step] if global_step is not None else []))
+    self._run_step = write_check.Step(
+        result.applied, result.train_op, global_step,
+        frozenset(v.op.name for v in self._step_variables), self._strict)
+    if self._check_runs:
+      run_check.watch(self._run_step)
     return result
 
   def protect(self, op, name="protect"):
@@ -285,7 +298,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       name: name scope of the added ops.
 
     Returns:
-      An Operation that runs `op` and then keeps or undoes what it wrote.
+      An Operation that runs `op` and then keeps or undoes what it wrote;
+      for a Tensor `op`, a Tensor of its value that does so (tf-slim's
+      `train_tensor`, whose value the training loop logs).
 
     Raises:
       ValueError: if `apply_gradients` has not been called, or `op` writes
@@ -297,6 +312,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
         {v.op.name for v in self._step_variables}, self._step_roots, name)
     self._note_own_variables(known)
+    if isinstance(op, tf.Tensor):
+      with tf1.control_dependencies([protected]):
+        return tf.identity(op, name=name + "_value")
     return protected
 
   def _note_own_variables(self, known):

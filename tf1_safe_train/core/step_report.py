@@ -304,21 +304,22 @@ class Reporting(object):
     Warns once, listing every variable a run of `train_op` writes that a
     skipped step would change (an `ExponentialMovingAverage` without
     `protect()`, update ops grouped after `apply_gradients`, a hand-written
-    assign); with `strict=True` raises instead.
+    assign), and a global_step the script advances too; with `strict=True`
+    raises instead. (The first run of the step is checked so anyway,
+    unless the wrapper was built with `check_runs=False`: `run_check`.)
 
     Args:
       train_op: an Operation or Tensor, or a list of them (what a run
         fetches).
 
     Returns:
-      The list of those variables' names (empty if none).
+      The list of those variables' names (empty if none), then
+      "<global_step> (advanced twice: also by <ops>)" if so.
 
     Raises:
       ValueError: if `strict` and something is written outside the
         decision, or if `train_op` runs more than one guarded step.
     """
+    self._result()  # Raises the usual error before any step.
     ops = [rollback.as_op(o) for o in tf.nest.flatten(train_op)]
-    decisions = [r.applied for r in ops[0].graph.get_collection(
-        write_check.GUARD_RESULTS)] if ops else []
-    handled = [v.op.name for v in self._step_variables]
-    return write_check.check(ops, decisions, handled, strict=self._strict)
+    return write_check.check(ops, self._run_step)

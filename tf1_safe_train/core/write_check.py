@@ -1,17 +1,19 @@
-"""Variables a fetched train op writes outside its step's decision.
+"""What a run of a guarded step does that a skip cannot undo or count once.
 
 A skipped step changes nothing only of what the decision holds: the update
 in its apply branch, the rolled-back statistics and `protect()`ed ops. An
 `ExponentialMovingAverage` grouped into the train op without `protect()`, or
 an update op grouped after `apply_gradients`, still writes on a skipped step.
 `unguarded_writes` names those variables by walking everything a run of the
-train op executes; `check` warns (or, strict, refuses), and also refuses a
-run that executes two guarded steps, which would count one step twice.
+train op executes; `findings` also finds a run of several guarded steps
+(one step counted and decided several times) and a `global_step` that the
+step and the script both advance; `tell` warns once per graph (or, strict,
+refuses the run).
 """
 
+import collections
 import re
 
-from absl import logging
 import tensorflow as tf
 # Only to keep GUARD_RESULTS out of exported meta graphs (see below).
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
@@ -19,6 +21,7 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 from tf1_safe_train.core import cond_walk
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import fetch_gate
+from tf1_safe_train.core import run_advice
 from tf1_safe_train.core import shadows as shadows_lib
 
 tf1 = tf.compat.v1
@@ -95,7 +98,7 @@ def handled_variable_names(graph):
   return names
 
 
-def unguarded_writes(ops, decisions, handled_names=()):
+def unguarded_writes(ops, decisions, handled_names=(), fed=frozenset()):
   """The variables a run of `ops` writes outside every guarded decision.
 
   Args:
@@ -103,6 +106,7 @@ def unguarded_writes(ops, decisions, handled_names=()):
     decisions: the `applied` tensors of the guarded steps in the graph.
     handled_names: more names of variables that are fine to write (e.g.
       the loss scale's).
+    fed: names of the run's fed tensors (not computed: not walked).
 
   Returns:
     A sorted list of names: variables, or for a write whose target is not a
@@ -121,7 +125,7 @@ def unguarded_writes(ops, decisions, handled_names=()):
   decision_ops.update(a.op.inputs[0].op for a in decisions
                       if a.op.type == "Identity")
   writes = []
-  for op in fetch_gate.ancestors(ops):
+  for op in fetch_gate.ancestors(ops, fed):
     if op.type in cond_walk.V2_COND_OP_TYPES and op not in decision_ops:
       writes += _v2_cond_writes(op)
     elif (_WRITE_TYPE.match(op.type) and op.inputs and
@@ -145,9 +149,9 @@ def unguarded_writes(ops, decisions, handled_names=()):
   return sorted(found)
 
 
-def decisions_run(ops, decisions):
+def decisions_run(ops, decisions, fed=frozenset()):
   """Those of `decisions` (`applied` tensors) a run of `ops` executes."""
-  walked = fetch_gate.ancestors(ops)
+  walked = fetch_gate.ancestors(ops, fed)
   return [d for d in decisions if d.op in walked]
 
 
@@ -172,39 +176,113 @@ def check_one_step(ops, decisions=None):
     return  # Nothing to walk for.
   ran = decisions_run(ops, decisions)
   if len(ran) > 1:
-    raise ValueError(
-        "one session.run executes %d guarded steps (%s): each counts a step "
-        "and decides alone; build one step over every device's gradients "
-        "with SkipNonFiniteOptimizer.apply_gradients_per_device" % (
-            len(ran), ", ".join(d.op.name for d in ran)))
+    raise ValueError(run_advice.several_steps(ops, ran))
 
 
-def check(ops, decisions, handled_names=(), strict=False):
-  """Warns about (strict: refuses) writes outside the decision of `ops`.
+# One guarded step, as the checks see it (`SkipNonFiniteOptimizer` makes
+# one per step it builds).
+Step = collections.namedtuple("Step", [
+    "applied", "train_op", "global_step", "handled_names", "strict"])
+Step.__doc__ = """One guarded step, for `findings`.
+
+Attributes:
+  applied: the step's `applied` tensor (its decision).
+  train_op: the step's train op (the guard's).
+  global_step: the variable the step advances, or None.
+  handled_names: names of the variables the step itself handles (counters,
+    rolled-back statistics, loss scale, global_step).
+  strict: refuse the run instead of warning.
+"""
+
+Findings = collections.namedtuple("Findings", [
+    "steps", "unguarded", "global_steps", "runners"])
+Findings.__doc__ = """What a run does wrong (`findings`).
+
+Attributes:
+  steps: the `Step`s the run executes (several: one step counted several
+    times).
+  unguarded: names of the variables it writes outside every decision
+    (`unguarded_writes`).
+  global_steps: (variable name, [names of the other ops writing it]) for
+    each global_step a step advances and the run also writes outside it.
+  runners: the fetched ops that execute a step (what the user would
+    protect), or all fetched ops if none does.
+"""
+
+
+def _global_steps_twice(walked, steps):
+  """`Findings.global_steps` of a run that executes `walked` and `steps`."""
+  found = {}
+  for step in steps:
+    if step.global_step is None or step.global_step.op.name in found:
+      continue
+    own = fetch_gate.ancestors([step.train_op])
+    others = sorted(
+        op.name for op in walked
+        if op not in own and _WRITE_TYPE.match(op.type) and op.inputs and
+        _origin(op.inputs[0], {}) is step.global_step.op)
+    if others:
+      found[step.global_step.op.name] = others
+  return sorted(found.items())
+
+
+def findings(ops, steps, fed=frozenset(), always=False, callers=None):
+  """What a run of `ops` does that a skip cannot undo or count once.
 
   Args:
     ops: the Operations a run fetches.
-    decisions: the `applied` tensors of the guarded steps in the graph.
-    handled_names: as for `unguarded_writes`.
-    strict: raise instead of warning.
+    steps: the `Step`s to look for.
+    fed: names of the run's fed tensors.
+    always: also name unguarded writes of a run that executes none of
+      `steps` (an explicit check of a train op).
+    callers: the fetched ops to name first as what runs a step (the
+      caller's, not its hooks'); default: `ops`.
 
   Returns:
-    The unguarded variables' names (see `unguarded_writes`).
+    `Findings`; all empty for a run that executes none of `steps` (an
+    evaluation run), unless `always`.
+  """
+  if not ops:
+    return Findings([], [], [], [])
+  walked = fetch_gate.ancestors(ops, fed)
+  ran = [s for s in steps if s.applied.op in walked]
+  if not (ran or always):
+    return Findings([], [], [], [])
+  decisions = [r.applied for r in ops[0].graph.get_collection(GUARD_RESULTS)]
+  handled = set()
+  for step in steps:
+    handled.update(step.handled_names)
+  decided = set(s.applied.op for s in ran)
+  runners = []
+  for candidates in (callers or [], ops):
+    runners = runners or [op for op in candidates if ran and
+                          decided & fetch_gate.ancestors([op], fed)]
+  return Findings(ran, unguarded_writes(ops, decisions, handled, fed),
+                  _global_steps_twice(walked, ran), runners or ops)
+
+
+def check(ops, step):
+  """Warns about (strict: refuses) what a run of `ops` does outside `step`.
+
+  For `check_train_op`: writes outside the decision, and a global_step the
+  step and the run both advance, each told once (`run_advice.tell`).
+
+  Args:
+    ops: the Operations a run fetches.
+    step: the wrapper's last `Step`.
+
+  Returns:
+    The unguarded variables' names (see `unguarded_writes`), then for a
+    global_step advanced twice "<name> (advanced twice: also by <ops>)".
 
   Raises:
     ValueError: if the run executes more than one guarded step (it would
-      count and decide the step twice), or, if `strict`, for any write
+      count and decide the step twice), or, if `step.strict`, for any write
       outside the decision.
   """
-  check_one_step(ops, decisions)
-  names = unguarded_writes(ops, decisions, handled_names)
-  if names:
-    message = (
-        "the train op writes %d variable(s) outside the skip decision, "
-        "which change on skipped steps too: %s (wrap the train op with "
-        "opt.protect(), or build these writes into the step)" % (
-            len(names), ", ".join(names)))
-    if strict:
-      raise ValueError(message)
-    logging.warning("%s", message)
-  return names
+  check_one_step(ops)
+  found = findings(ops, [step], always=True)
+  run_advice.tell(ops, found, step.strict)
+  return found.unguarded + [
+      "%s (advanced twice: also by %s)" % (name, ", ".join(others))
+      for name, others in found.global_steps]

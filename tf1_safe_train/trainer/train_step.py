@@ -226,7 +226,11 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
                                    counters.applied_steps),
       increment_global_step_on_skip=params.increment_global_step_on_skip,
       update_ops=update_ops, loss_scale=loss_scale, name="guarded_step",
-      skip_spikes=_spike_config(params))
+      skip_spikes=_spike_config(params),
+      # The trainer builds the whole step itself and checks it by its
+      # tests: no first-run check (`run_check`), which would cost a dict
+      # lookup per run and name its own counters' writes.
+      check_runs=False)
   with tf1.device(config.variables_device()):
     loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
     pairs = list(grads_and_vars) + statistics

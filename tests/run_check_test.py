@@ -1,0 +1,219 @@
+"""The first-run check (`core/run_check.py`), whatever runs the train op.
+
+The README's one line, `opt = SkipNonFiniteOptimizer(opt)`, with an
+`ExponentialMovingAverage` grouped into the train op and no report API
+called: the first run of the step says which variables a skip would still
+change and the line to add, whether a plain `Session.run`, a
+`MonitoredTrainingSession`, a `Supervisor`, `make_callable` or the callable
+path Keras uses runs it; once per distinct set of fetches; never for a run
+that executes no guarded step; never with `check_runs=False`; and it adds
+nothing a step executes.
+"""
+
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
+
+from bench import executed_ops
+import optimizer_test_util as test_util
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import run_check
+
+tf1 = tf.compat.v1
+
+_TOLD = "outside the skip decision"
+
+
+def _ema_step(protect=False, **kwargs):
+  """The one line, an EMA grouped after the apply: (x, opt, train_op, loss)."""
+  x = tf1.placeholder(tf.float32, [3], name="x")
+  loss, var_list = test_util.model(x)
+  global_step = tf1.train.get_or_create_global_step()
+  opt = optimizer_lib.SkipNonFiniteOptimizer(
+      tf1.train.MomentumOptimizer(0.1, momentum=0.9), **kwargs)
+  apply_op = opt.minimize(loss, global_step=global_step)
+  ema = tf1.train.ExponentialMovingAverage(0.9)
+  train_op = tf.group(apply_op, ema.apply(var_list), name="train_op")
+  if protect:
+    train_op = opt.protect(train_op)
+  return x, opt, train_op, loss
+
+
+def _told(logs):
+  return [line for line in logs.output if _TOLD in line]
+
+
+class RunCheckTest(tf.test.TestCase):
+
+  def _assert_told_once(self, logs):
+    told = _told(logs)
+    self.assertLen(told, 1, logs.output)
+    self.assertIn("model/b/ExponentialMovingAverage, "
+                  "model/w/ExponentialMovingAverage", told[0])
+    self.assertIn("`train_op = opt.protect(train_op)`", told[0])
+    self.assertIn("('train_op' here)", told[0])  # What runs the step.
+    self.assertIn("check_runs=False", told[0])  # How to turn it off.
+
+  def testPlainSessionRunIsToldOnceAtTheFirstRun(self):
+    with tf.Graph().as_default():
+      x, _, train_op, _ = _ema_step()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertLogs(level="WARNING") as logs:
+          for _ in range(3):
+            sess.run(train_op, {x: test_util.GOOD_X})
+      self._assert_told_once(logs)
+
+  def testMonitoredTrainingSessionWithoutHooksIsTold(self):
+    with tf.Graph().as_default():
+      x, opt, train_op, _ = _ema_step()
+      # A hook whose fetches run the step too: the caller's op is named.
+      hooks = [tf1.train.StopAtStepHook(last_step=100),
+               tf1.train.LoggingTensorHook(opt.guard_result().counters, 1)]
+      with tf1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+        with self.assertLogs(level="WARNING") as logs:
+          sess.run(train_op, {x: test_util.GOOD_X})
+          sess.run(train_op, {x: test_util.GOOD_X})
+      self._assert_told_once(logs)
+
+  def testSupervisorManagedSessionIsTold(self):
+    # tf.compat.v1.train.Supervisor: the loop of slim.learning.train.
+    with tf.Graph().as_default():
+      x, _, train_op, _ = _ema_step()
+      global_step = tf1.train.get_global_step()
+      supervisor = tf1.train.Supervisor(
+          logdir=None, global_step=global_step, summary_op=None, saver=None)
+      with supervisor.managed_session("") as sess:
+        with self.assertLogs(level="WARNING") as logs:
+          sess.run([train_op, global_step], {x: test_util.GOOD_X})
+      self._assert_told_once(logs)
+
+  def testMakeCallableIsToldWhenMade(self):
+    for feed_list in (False, True):
+      with self.subTest(feed_list=feed_list), tf.Graph().as_default():
+        x, _, train_op, _ = _ema_step()
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          with self.assertLogs(level="WARNING") as logs:
+            if feed_list:
+              step = sess.make_callable(train_op, feed_list=[x])
+              step(test_util.GOOD_X)
+              step(test_util.GOOD_X)
+            else:
+              sess.make_callable(train_op)
+          self._assert_told_once(logs)
+
+  def testKerasCallablePathIsToldWhenMade(self):
+    # tf_keras' GraphExecutionFunction runs the train function through
+    # Session._make_callable_from_options: feeds and a target, by name.
+    with tf.Graph().as_default():
+      x, _, train_op, loss = _ema_step()
+      options = config_pb2.CallableOptions()
+      options.feed.append(x.name)
+      options.fetch.append(loss.name)
+      options.target.append(train_op.name)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertLogs(level="WARNING") as logs:
+          step = sess._make_callable_from_options(options)  # pylint: disable=protected-access
+        self._assert_told_once(logs)
+        self.assertLen(step(test_util.GOOD_X), 1)
+
+  def testStrictRefusesTheFirstRunBeforeItRuns(self):
+    with tf.Graph().as_default():
+      x, _, train_op, _ = _ema_step(strict=True)
+      global_step = tf1.train.get_global_step()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(2):  # Refused every time, not only once.
+          with self.assertRaisesRegex(
+              ValueError, r"writes 2 variable\(s\) outside the skip "
+              r"decision.*model/b/ExponentialMovingAverage.*opt\.protect"):
+            sess.run(train_op, {x: test_util.GOOD_X})
+        self.assertEqual(0, sess.run(global_step))  # Nothing ran.
+
+  def testProtectedTrainOpIsClean(self):
+    with tf.Graph().as_default():
+      x, _, train_op, _ = _ema_step(protect=True, strict=True)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(train_op, {x: test_util.GOOD_X})
+
+  def testEvaluationRunIsNotCheckedOrTold(self):
+    with tf.Graph().as_default():
+      x, _, _, loss = _ema_step(strict=True)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(loss, {x: test_util.GOOD_X})  # strict: would raise.
+
+  def testGanStepsEachRunAloneAreNotTold(self):
+    # A GAN: two wrappers, two steps, each run by its own session.run.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [3])
+      steps = []
+      for scope in ("discriminator", "generator"):
+        loss, var_list = test_util.model(x, scope=scope)
+        opt = optimizer_lib.SkipNonFiniteOptimizer(
+            tf1.train.AdamOptimizer(0.01), strict=True)  # strict: clean
+        steps.append(opt.minimize(loss, var_list=var_list))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for step in steps:
+          sess.run(step, {x: test_util.GOOD_X})
+        with self.assertRaisesRegex(ValueError, "executes 2 guarded steps"):
+          sess.run(steps, {x: test_util.GOOD_X})
+
+  def testCheckRunsFalseTurnsItOff(self):
+    with tf.Graph().as_default() as graph:
+      x, _, train_op, _ = _ema_step(strict=True, check_runs=False)
+      self.assertIsNone(run_check.graph_check(graph))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(train_op, {x: test_util.GOOD_X})  # strict: would raise.
+
+  def testOneWalkPerDistinctFetchSet(self):
+    with tf.Graph().as_default() as graph:
+      x, _, train_op, loss = _ema_step(protect=True)
+      check = run_check.graph_check(graph)
+      feed = {x: test_util.GOOD_X}
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        walks = check.walks
+        for _ in range(3):
+          sess.run(train_op, feed)
+          sess.run(train_op, {x: test_util.GOOD_X2})  # Same feed keys.
+        self.assertEqual(walks + 1, check.walks)
+        for _ in range(2):
+          sess.run([train_op, loss], feed)
+          sess.run({"loss": loss, "train": [train_op]}, feed)
+          sess.run(loss, feed)
+        self.assertEqual(walks + 4, check.walks)
+
+  def testGoodStepsExecuteTheSameNodes(self):
+    counts = []
+    for check_runs in (False, True):
+      with tf.Graph().as_default():
+        tf1.set_random_seed(0)
+        x, _, train_op, _ = _ema_step(protect=True, check_runs=check_runs)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          sess.run(train_op, {x: test_util.GOOD_X})
+          counts.append(executed_ops.executed_nodes(
+              sess, train_op, {x: test_util.GOOD_X}))
+    self.assertEqual(counts[0], counts[1])
+
+
+class TrainerTest(tf.test.TestCase):
+
+  def testTrainersStepIsNotWatched(self):
+    # The trainer builds its step with check_runs=False: no check, no cost.
+    # pylint: disable=g-import-not-at-top
+    from bench import guard_overhead_lib
+    images, labels = guard_overhead_lib.fixed_batch(2)
+    variant = guard_overhead_lib.build_variant(
+        "guarded_trainer_step", "small_cnn", images, labels)
+    self.assertIsNone(run_check.graph_check(variant.session.graph))
+    variant.session.close()
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,214 @@
+"""The first-run check: whatever runs a guarded step, the first run is checked.
+
+`SkipNonFiniteOptimizer` (unless `check_runs=False`) hands each step it
+builds to `watch`, which installs, once per process, a check on the session
+run paths: `BaseSession.run` (plain loops, `MonitoredTrainingSession`,
+`Supervisor` and `slim.learning.train`), `make_callable`, and
+`_make_callable_from_options` (the path Keras' graph functions use). The
+first time a graph's session runs a distinct set of fetches and feeds that
+executes a watched step, `write_check.findings` is told (`run_advice`):
+writes outside the decision, several guarded steps in one run, a
+global_step advanced twice. Every later run of those fetches pays a dict
+lookup; graphs without a watched step pay one attribute lookup.
+"""
+
+import functools
+import threading
+
+import tensorflow as tf
+
+from tensorflow.python.client import session as session_lib  # pylint: disable=g-direct-tensorflow-import
+
+from tf1_safe_train.core import fetch_gate
+from tf1_safe_train.core import run_advice
+from tf1_safe_train.core import write_check
+
+# Graph attribute: the graph's `GraphCheck`.
+_ATTRIBUTE = "_tf1_safe_train_run_check"
+# Distinct fetch sets remembered per graph (a loop runs a few; the bound
+# only keeps a caller that builds new ops for every run from growing it).
+_MAX_CACHED = 256
+
+_install_lock = threading.Lock()
+_originals = {}
+
+
+def _sequence_key(fetches):
+  return tuple(map(_key, fetches))
+
+
+def _dict_key(fetches):  # Keys: strings, or hooks (by identity).
+  return tuple((k, _key(v)) for k, v in fetches.items())
+
+
+def _op_key(fetch):
+  # A variable, a sparse tensor: by the op it stands for (a variable's
+  # own hash raises where eager execution is on outside the graph).
+  return (type(fetch), id(getattr(fetch, "op", fetch)))
+
+
+def _key_function(kind):
+  """How to key fetches of type `kind`. A graph's ops and their tensors
+  are keyed by identity: they live as long as the graph, which holds the
+  cache (their own `__hash__` is slow)."""
+  if issubclass(kind, str):
+    return str
+  if issubclass(kind, (list, tuple)):
+    return _sequence_key
+  if issubclass(kind, dict):
+    return _dict_key
+  if issubclass(kind, (tf.Operation, tf.Tensor)):
+    return id
+  return _op_key
+
+
+# type -> its key function, filled as types are met.
+_KEY_FUNCTIONS = {}
+
+
+def _key(fetches):
+  """A hashable key for a nest of fetches or feeds, cheap to build."""
+  kind = type(fetches)
+  function = _KEY_FUNCTIONS.get(kind)
+  if function is None:
+    function = _KEY_FUNCTIONS[kind] = _key_function(kind)
+  return function(fetches)
+
+
+def _leaves(fetches):
+  if isinstance(fetches, (list, tuple)):
+    for f in fetches:
+      yield from _leaves(f)
+  elif isinstance(fetches, dict):  # Keys may be hooks: values only.
+    for f in fetches.values():
+      yield from _leaves(f)
+  elif fetches is not None:
+    yield fetches
+
+
+def _fetched_ops(graph, fetches):
+  """The Operations a run of `fetches` runs; what cannot be resolved is
+  left to the run itself to refuse."""
+  ops = []
+  for leaf in _leaves(fetches):
+    try:
+      ops.extend(fetch_gate.fetched_ops(graph, [leaf]))
+    except (KeyError, ValueError, TypeError):
+      continue
+  return ops
+
+
+def _fed_names(feeds):
+  names = set()
+  for key in feeds or ():
+    name = getattr(key, "name", key)
+    if isinstance(name, str):
+      names.add(name if ":" in name else name + ":0")
+  return frozenset(names)
+
+
+class GraphCheck(object):
+  """The watched steps of one graph and the fetch sets already checked."""
+
+  def __init__(self):
+    self.steps = []
+    # The number of walks (distinct fetch sets checked): for tests.
+    self.walks = 0
+    self._checked = {}
+    self._lock = threading.Lock()
+
+  def add(self, step):
+    with self._lock:
+      self.steps.append(step)
+      self._checked.clear()  # A checked run may execute the new step.
+
+  def before_run(self, graph, fetches, feeds):
+    """Checks a run of `fetches` with `feeds` (keys) the first time only."""
+    key = (_key(fetches), _key(list(feeds)) if feeds else None)
+    if key not in self._checked:
+      self._first_run(key, graph, fetches, feeds)
+
+  def _first_run(self, key, graph, fetches, feeds):
+    with self._lock:
+      if key in self._checked:
+        return
+      self.walks += 1
+      ops = _fetched_ops(graph, fetches)
+      # A MonitoredSession runs {"caller": fetches, hook: its fetches}.
+      callers = (_fetched_ops(graph, fetches["caller"])
+                 if isinstance(fetches, dict) and "caller" in fetches
+                 else None)
+      found = write_check.findings(ops, self.steps, _fed_names(feeds),
+                                   callers=callers)
+      # Raises if strict (not remembered: the next run is refused too).
+      run_advice.tell(ops, found, any(s.strict for s in found.steps))
+      if len(self._checked) >= _MAX_CACHED:
+        self._checked.clear()
+      self._checked[key] = True
+
+
+def graph_check(graph):
+  """The `GraphCheck` of `graph`, or None if no step of it is watched."""
+  return getattr(graph, _ATTRIBUTE, None)
+
+
+def _run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+  check = getattr(self._graph, _ATTRIBUTE, None)  # pylint: disable=protected-access
+  if check is not None:
+    check.before_run(self._graph, fetches, feed_dict)  # pylint: disable=protected-access
+  return _originals["run"](self, fetches, feed_dict, options, run_metadata)
+
+
+def _make_callable(self, fetches, feed_list=None, accept_options=False):
+  check = getattr(self._graph, _ATTRIBUTE, None)  # pylint: disable=protected-access
+  if check is not None:
+    check.before_run(self._graph, fetches, feed_list)  # pylint: disable=protected-access
+  return _originals["make_callable"](self, fetches, feed_list,
+                                     accept_options)
+
+
+def _make_callable_from_options(self, callable_options):
+  check = getattr(self._graph, _ATTRIBUTE, None)  # pylint: disable=protected-access
+  if check is not None:
+    fetches = tuple(callable_options.fetch) + tuple(callable_options.target)
+    feeds = tuple(callable_options.feed) + tuple(
+        c.to_tensor for c in callable_options.tensor_connection)
+    check.before_run(self._graph, fetches, feeds)  # pylint: disable=protected-access
+  return _originals["_make_callable_from_options"](self, callable_options)
+
+
+_PATCHES = {"run": _run, "make_callable": _make_callable,
+            "_make_callable_from_options": _make_callable_from_options}
+
+
+def install():
+  """Puts the check on `BaseSession`'s run paths (once per process)."""
+  with _install_lock:
+    if _originals:
+      return
+    for name, patch in _PATCHES.items():
+      original = getattr(session_lib.BaseSession, name)
+      _originals[name] = original
+      setattr(session_lib.BaseSession, name,
+              functools.wraps(original)(patch))
+
+
+def original_run():
+  """TensorFlow's own `BaseSession.run`, under the check (for benchmarks)."""
+  install()
+  return _originals["run"]
+
+
+def watch(step):
+  """Checks the first run of each distinct fetch set that executes `step`.
+
+  Args:
+    step: a `write_check.Step`.
+  """
+  install()
+  graph = step.applied.graph
+  check = graph_check(graph)
+  if check is None:
+    check = GraphCheck()
+    setattr(graph, _ATTRIBUTE, check)
+  check.add(step)
