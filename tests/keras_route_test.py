@@ -107,6 +107,22 @@ class KerasGraphModeTest(tf.test.TestCase):
       self.assertFalse(any(np.isnan(v).any() for v in states[3].values()))
       self.assertEqual(_counters(), [3, 1, 0])
 
+  def testStatefulMetricsAreNotWritesOutsideTheDecision(self):
+    # Keras groups its metrics' running totals next to the step; they count
+    # what was fed (a skipped batch too, as documented), and no line could
+    # protect them: the first-run check does not name them, so a strict
+    # wrapper trains.
+    with tf.Graph().as_default():
+      model = _model()
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.MomentumOptimizer(0.1, momentum=0.9), strict=True)
+      model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+      model.train_on_batch(_X[:2], _Y[:2])
+      before = _state(model, opt)
+      model.train_on_batch(_NAN_X[2:4], _Y[2:4])
+      self.assertStateEqual(before, _state(model, opt))
+      self.assertEqual(_counters(), [1, 1, 1])
+
   def testVariablesHoldTheWrappersOwn(self):
     # What Keras initializes: the counters, the statistics' shadows and the
     # loss scale too.

@@ -97,3 +97,22 @@ def compiling_model_updates(known=()):
     return []
   known = {u if isinstance(u, tf.Operation) else u.op for u in known}
   return [u for u in model_updates(model) if u not in known]
+
+
+def compiling_model_metric_variables():
+  """The variables of `model_being_compiled()`'s stateful metrics, or [].
+
+  Keras groups its metrics' updates (a running total and count) into the
+  train function next to the step. They summarize what was fed, not the
+  model's state: a skipped batch is counted in them, as documented, rather
+  than named as a write outside the decision that no line could protect.
+  """
+  model = model_being_compiled()
+  if model is None:
+    return []
+  found = []
+  for metric in getattr(model, "metrics", []):
+    for variable in getattr(metric, "variables", []):
+      if all(variable is not v for v in found):
+        found.append(variable)
+  return found

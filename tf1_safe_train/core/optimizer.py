@@ -271,7 +271,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         ([global_step] if global_step is not None else []))
     self._run_step = write_check.Step(
         result.applied, result.train_op, global_step,
-        frozenset(v.op.name for v in self._step_variables), self._strict)
+        frozenset(v.op.name for v in self._step_variables +
+                  keras_route.compiling_model_metric_variables()),
+        self._strict)
     if self._check_runs:
       run_check.watch(self._run_step)
     return result
