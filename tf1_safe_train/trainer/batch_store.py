@@ -6,6 +6,10 @@ step writes each tower's images, labels and example ids (as its model read
 them) into local variables on the input's device. Good steps pay a copy of
 the batch on that device and fetch nothing; only a skip reads the store.
 Local variables are not checkpointed (a restart has no last batch).
+
+A replay feeds `replaying` True: the towers then take their batch from the
+store instead of the training iterator (`tower_input`), so nothing a replay
+runs can consume training input.
 """
 
 import hashlib
@@ -45,7 +49,11 @@ class BatchStore(object):
       name: name scope of the variables.
     """
     self._slots, self._reads = [], []
+    self._spec = tuple(element_spec)
     with tf1.name_scope(name + "/"):
+      # Fed True by a replay only (see the module doc).
+      self.replaying = tf1.placeholder_with_default(False, [],
+                                                    name="replaying")
       for tower in range(num_towers):
         with tf1.name_scope("tower_%d" % tower):
           slots = tuple(_slot(n, s) for n, s in zip(
@@ -62,6 +70,16 @@ class BatchStore(object):
     """The op that stores `tower`'s batch (build it on the input's device)."""
     return tf.group(*[s.assign(t, read_value=False) for s, t in zip(
         self._slots[tower], (images, labels, ids))], name="store_batch")
+
+  def values(self, tower):
+    """(images, labels, ids) tensors of `tower`'s stored batch, shaped as
+    the input's batches (build them where they are used)."""
+    values = []
+    for variable, spec in zip(self._slots[tower], self._spec):
+      value = variable.read_value()
+      value.set_shape(spec.shape)
+      values.append(value)
+    return tuple(values)
 
   def variables(self, tower):
     """(images, labels, ids) variables of `tower`."""

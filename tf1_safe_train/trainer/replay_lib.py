@@ -79,7 +79,9 @@ class Forensics(object):
 
 def _replay(session, forensics, tower, batch, scale):
   images, labels = batch[0], batch[1]
-  feed = {tower.images: images, tower.labels: labels}
+  # `replaying`: the towers' input reads the store, never the iterator.
+  feed = {forensics.store.replaying: True, tower.images: images,
+          tower.labels: labels}
   feed.update(tower.fault_feeds)
   if forensics.loss_scale is not None and scale is not None:
     feed[forensics.loss_scale] = scale
