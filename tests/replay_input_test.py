@@ -62,8 +62,8 @@ class ReplayInputTest(tf.test.TestCase):
           feed = {forensics.store.replaying: True, tower.images: batch[0],
                   tower.labels: batch[1]}
           feed.update(tower.fault_feeds)
-          session.run(tower.probe._flags, feed, options=options,  # pylint: disable=protected-access
-                      run_metadata=metadata)
+          flags = tower.probe._flags  # pylint: disable=protected-access
+          session.run(flags, feed, options=options, run_metadata=metadata)
           ran = [n.node_name for d in metadata.step_stats.dev_stats
                  for n in d.node_stats]
           self.assertNotEmpty(ran)
