@@ -75,4 +75,12 @@ class TowerInput(object):
                                     lambda: self.store.values(tower),
                                     next_batch, name="batch")
       tf1.add_to_collection(EXAMPLE_IDS_COLLECTION, ids)
+    if tower == 0:
+      self._first = (images, labels, ids)
     return images, labels
+
+  def keep_if_applied(self, applied, step):
+    """The op keeping tower 0's batch of `step` if `applied` (a replay's
+    control batch: `batch_store`); group it into the train op."""
+    with tf.device(INPUT_DEVICE):
+      return self.store.keep_if_applied(applied, step, *self._first)
