@@ -161,11 +161,13 @@ class GoodStepCostTest(absltest.TestCase):
     workload = "dense%d" % variables
     extra = {t: _guard_nodes(workload, t) for t in (1, 2, 4)}
     # Each tower beyond the first adds its fused flag: a few nodes per group
-    # of same-shaped gradients (here two: weights and biases), never a check
-    # chain per gradient (~10 nodes per variable and tower before).
-    self.assertLessEqual((extra[4] - extra[2]) / 2.0, 20, extra)
+    # of same-shaped gradients (here two: weights and biases), and the cond
+    # its input is read in (8 nodes: a replay never runs the iterator),
+    # never a check chain per gradient (~10 nodes per variable and tower
+    # before).
+    self.assertLessEqual((extra[4] - extra[2]) / 2.0, 30, extra)
     # The second tower also adds the stacking of the flags.
-    self.assertLessEqual(extra[2] - extra[1], 20 + 15, extra)
+    self.assertLessEqual(extra[2] - extra[1], 30 + 15, extra)
 
 if __name__ == "__main__":
   absltest.main()

@@ -38,7 +38,8 @@ def main(argv):
   except (params_lib.ParamsError, cifar10.DataError,
           eval_lib.NoCheckpointError) as e:
     cli.fail(_PROGRAM, e)
-  except eval_lib.NonFiniteCheckpointError as e:
+  except (eval_lib.NonFiniteCheckpointError,
+          eval_lib.NonFiniteLossError) as e:
     cli.fail(_PROGRAM, e, 1)
   except tf.errors.OpError as e:
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)

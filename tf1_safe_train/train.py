@@ -167,15 +167,45 @@ def _run(cluster):
                                                  run_summary.RUN_SUMMARY))
   if summary["exit_reason"] == "nonfinite_state":
     cli.fail(_PROGRAM, summary["nonfinite_state"], 1)
+  if summary["exit_reason"] == "model_fault":
+    cli.fail(_PROGRAM, "stopped at step %d: every batch fails on these "
+             "weights: the model, not the data (skip of step %d in "
+             "skips.jsonl; nothing excluded)%s; %s" % (
+                 summary["global_step"], summary["model_fault_step"],
+                 "; " + summary["rollback_refused"]
+                 if "rollback_refused" in summary else "",
+                 _last_good(checkpoints, params, summary)), 1)
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
-             "%d (--max_consecutive_skips=%d)%s; the last checkpoint in %s "
-             "holds the last good state" % (
+             "%d (--max_consecutive_skips=%d)%s; %s" % (
                  summary["consecutive_skips"], summary["global_step"],
                  params.max_consecutive_skips,
                  "; " + summary["rollback_refused"]
                  if "rollback_refused" in summary else "",
-                 params.train_dir), 1)
+                 _last_good(checkpoints, params, summary)), 1)
+
+
+def _last_good(checkpoints, params, summary):
+  """Which checkpoint holds the last good state of a run that gave up.
+
+  Every checkpoint since the streak began holds the weights its steps
+  failed on (a skip changes nothing); if the last applied step wrecked the
+  model they are not good, so the line names the one before that step
+  (pruning keeps it: `checkpoints.FiniteSaver`).
+  """
+  start = summary["global_step"] - (
+      summary["consecutive_skips"] if params.increment_global_step_on_skip
+      else 0)
+  path = checkpoints.before_streak(params.train_dir, start)
+  if path is None:
+    return ("the streak began at step %d and no checkpoint in %s predates "
+            "the last step applied before it; the later checkpoints hold the "
+            "weights every skipped step failed on" % (start,
+                                                      params.train_dir))
+  return ("the streak began at step %d: %s in %s, written before the last "
+          "step applied before it, is kept (the later checkpoints hold the "
+          "weights every skipped step failed on)" % (
+              start, os.path.basename(path), params.train_dir))
 
 
 if __name__ == "__main__":

@@ -182,8 +182,9 @@ def record_problem(record):
                ids_problem("replay input_ids", replay.get("input_ids") or []))
     if problem:
       return problem
-  if not isinstance(record.get("reproduced", False), bool):
-    return "reproduced is not true or false"
+  for flag in ("reproduced", "exclude"):
+    if not isinstance(record.get(flag, False), bool):
+      return "%s is not true or false" % flag
   if not isinstance(record.get("state_dir") or "", str):
     return "state_dir is not a string"
   return None

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tf1_safe_train.core import shadows
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import finite_state
+from tf1_safe_train.trainer import last_good
 
 tf1 = tf.compat.v1
 
@@ -189,6 +190,23 @@ def prepare_resume(train_dir, variables=None, params=None):
   return path
 
 
+def before_streak(train_dir, streak_start):
+  """The newest intact checkpoint of `train_dir` written before the last
+  step applied before a skip streak that began at global step
+  `streak_start` (its path), or None.
+
+  The checkpoints since hold the weights the streak's steps failed on (a
+  skip changes nothing): when the last applied step wrecked the model (all
+  finite, every later batch non-finite), this is the last good state.
+  """
+  steps = on_disk(train_dir)
+  for step in sorted((n for n in steps if n < streak_start), reverse=True):
+    path = os.path.join(train_dir, steps[step])
+    if damage(path, require_finite=True) is None:
+      return path
+  return None
+
+
 def latest(train_dir):
   """The newest intact checkpoint of `train_dir` (its path), or None.
 
@@ -203,7 +221,7 @@ def latest(train_dir):
   return None
 
 
-class FiniteSaver(tf1.train.Saver):
+class FiniteSaver(last_good.SparingSaver):
   """A `Saver` that refuses to save a non-finite state.
 
   Every checkpoint hook saves through the scaffold's saver (on one machine
@@ -214,7 +232,8 @@ class FiniteSaver(tf1.train.Saver):
   the run); the last checkpoint is still the last good state.
   """
 
-  def __init__(self, check, on_refuse, fresh=(), **kwargs):
+  def __init__(self, check, on_refuse, fresh=(), streak_start=None,
+               **kwargs):
     """Creates the saver.
 
     Args:
@@ -222,9 +241,12 @@ class FiniteSaver(tf1.train.Saver):
       on_refuse: `on_refuse(step, names)`, called for each refused save.
       fresh: variables of `var_list` (a dict) that a restore initialises
         when the checkpoint lacks them (`checkpoint_fit.fresh_variables`).
+      streak_start: optional int64 tensor: the global step the current
+        skip streak began at, or -1 (none). Pruning never deletes the
+        newest checkpoint written before it (`last_good`).
       **kwargs: `tf1.train.Saver` arguments.
     """
-    super().__init__(**kwargs)
+    super().__init__(streak_start=streak_start, **kwargs)
     self._check = check
     self._on_refuse = on_refuse
     self._fresh, self._restorer = list(fresh), None
@@ -262,4 +284,5 @@ class FiniteSaver(tf1.train.Saver):
                     "in %s", step, finite_state.describe_names(bad))
       self._on_refuse(step, bad)
       return None
+    self.note_streak(sess)
     return super().save(sess, save_path, global_step=global_step, **kwargs)

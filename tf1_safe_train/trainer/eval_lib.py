@@ -3,7 +3,8 @@
 Weights come from the exponential moving average when the checkpoint holds one
 (`--moving_average_decay` > 0 at training time), as in the classic TF1
 cifar10_eval. A checkpoint the trainer prunes between its choice and its
-restore is replaced by the newest; one holding a non-finite value is refused.
+restore is replaced by the newest; one holding a non-finite value is refused,
+and so is a loss that is not finite (finite weights a run wrecked).
 """
 
 import os
@@ -33,6 +34,11 @@ class NonFiniteCheckpointError(ValueError):
   """The checkpoint's weights hold a NaN or an Inf; the message names them."""
 
 
+class NonFiniteLossError(ValueError):
+  """Finite weights whose loss is NaN or Inf on test examples: a wrecked
+  model is not a result; the message says how many and what to do."""
+
+
 def _restore_map(checkpoint, variables):
   """Maps checkpoint names to `variables`, preferring EMA shadows."""
   available = set(name for name, _ in tf1.train.list_variables(checkpoint))
@@ -54,12 +60,14 @@ def evaluate(params):
     params: validated `params.EvalParams`.
 
   Returns:
-    A dict: precision_at_1, loss, num_examples, global_step, checkpoint,
-    used_ema.
+    A dict: precision_at_1, loss, num_examples, nonfinite_examples (0),
+    global_step, checkpoint, used_ema.
 
   Raises:
     NoCheckpointError: if `train_dir` has no checkpoint.
     params.ParamsError: if the batch is larger than the test split.
+    NonFiniteCheckpointError: if a weight of the checkpoint is not finite.
+    NonFiniteLossError: if the loss of some test example is not finite.
   """
   params.validate()
   _check_batch_size(params)
@@ -80,6 +88,14 @@ def evaluate(params):
       logging.warning("%s went away before it was restored (pruned by the "
                       "trainer?): evaluating the newest checkpoint instead",
                       checkpoint)
+  if result["nonfinite_examples"]:
+    raise NonFiniteLossError(
+        "%s (step %d): the loss is NaN or Inf on %d of %d test examples: "
+        "its weights are finite but wrecked (e.g. by a learning rate that "
+        "overflowed); evaluate a checkpoint written before the run's skips "
+        "began (skips.jsonl lists them)" % (
+            result["checkpoint"], result["global_step"],
+            result["nonfinite_examples"], result["num_examples"]))
   _write_summary(os.path.join(params.train_dir, "eval"), result)
   return result
 
@@ -122,23 +138,28 @@ def _evaluate(params, checkpoint):
     logits = models.get_model(params.model)(
         images, is_training=False, num_classes=data.NUM_CLASSES)
     labels = tf.cast(labels, tf.int32)
-    loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=labels, logits=logits))
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits)
+    loss = tf.reduce_sum(losses)
+    nonfinite = tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(
+        losses)), tf.int64))
     correct = tf.reduce_sum(tf.cast(tf.nn.in_top_k(
         predictions=logits, targets=labels, k=1), tf.int64))
     mapping, used_ema = _restore_map(checkpoint, tf1.global_variables())
     _check_finite(checkpoint, mapping)
     saver = tf1.train.Saver(var_list=mapping)
-    total_correct, total_loss, total = 0, 0.0, 0
+    total_correct, total_loss, total, total_nonfinite = 0, 0.0, 0, 0
     with tf1.Session() as session:
       saver.restore(session, checkpoint)
       while not params.max_examples or total < params.max_examples:
         try:
-          batch_correct, batch_loss = session.run([correct, loss])
+          batch_correct, batch_loss, batch_nonfinite = session.run(
+              [correct, loss, nonfinite])
         except tf.errors.OutOfRangeError:
           break
         total_correct += int(batch_correct)
         total_loss += float(batch_loss)
+        total_nonfinite += int(batch_nonfinite)
         total += params.batch_size
   global_step = int(tf1.train.load_checkpoint(checkpoint).get_tensor(
       "global_step"))
@@ -146,6 +167,7 @@ def _evaluate(params, checkpoint):
       "precision_at_1": total_correct / float(max(total, 1)),
       "loss": total_loss / float(max(total, 1)),
       "num_examples": total,
+      "nonfinite_examples": total_nonfinite,
       "global_step": global_step,
       "checkpoint": checkpoint,
       "used_ema": used_ema,

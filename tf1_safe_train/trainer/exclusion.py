@@ -1,8 +1,8 @@
 """Never feed it again: the examples of reproducible skips, by id.
 
 At startup the trainer reads every worker's `skips.jsonl` of its train_dir;
-a record whose replay reproduced the non-finite step (`reproduced`) names
-its examples: the rows of the input that held NaN/Inf (`replay.input_ids`)
+a record whose replay found evidence of data (`exclude`: see `replay_lib`)
+names its examples: the rows of the input that held NaN/Inf (`replay.input_ids`)
 or, when the input was finite (the batch drove the model non-finite), the
 offending tower's whole batch. It also reads the data windows rollbacks
 abandoned (`rollback_window`): a restarted process must not feed them again
@@ -71,7 +71,9 @@ def excluded(train_dir, data_ids_fn=None, batch_size=1):
   named = []  # (reason, ids) in the order recorded.
   steps, rollbacks = [], []
   for record in records:
-    if record.get("reproduced"):
+    # `exclude`: the replay's evidence said the data (records written
+    # before it was recorded: whenever the fault reproduced).
+    if record.get("exclude", record.get("reproduced")):
       named.append(_ids_of(record))
       steps.append({"step": record["step"], "worker": record["worker"]})
   for at_step, window_ids in windows:

@@ -76,7 +76,7 @@ class ForensicsHook(core_hooks.GatedHook):
   """Records, replays and classifies every skipped step of this worker."""
 
   def __init__(self, step, params, worker=0, max_explained=10,
-               summary_dir=None, describe_id=str):
+               summary_dir=None, describe_id=str, on_model=None):
     """Creates the hook.
 
     Args:
@@ -86,6 +86,9 @@ class ForensicsHook(core_hooks.GatedHook):
       max_explained: replays this run at most (0: none, records only).
       summary_dir: if set, TensorBoard gets each explained skip there.
       describe_id: example id -> its human name (`data.describe_id`).
+      on_model: `on_model(run_context, step)`, called after the record of a
+        "the model, not the data" verdict (e.g. stop or roll back now);
+        True if it stopped the run (`model_fault` is then the step).
     """
     self._forensics = step.forensics
     report = step.report
@@ -109,6 +112,8 @@ class ForensicsHook(core_hooks.GatedHook):
     self.replay_seconds = []
     self.verdicts = collections.Counter()
     self.suspect_devices = collections.Counter()
+    self._on_model = on_model
+    self.model_fault = None  # The model verdict's step that stopped the run.
 
   def after_run(self, run_context, run_values):
     if not self._fetched or run_values.results["applied"]:
@@ -127,6 +132,9 @@ class ForensicsHook(core_hooks.GatedHook):
     if scale is not None:
       record["loss_scale"] = scale
     offending = [t for t, f in enumerate(flags) if f]
+    # A flagged tower whose input holds NaN/Inf first: that alone is
+    # evidence of data, whatever the weights (the record replays one).
+    offending.sort(key=lambda t: bool(np.isfinite(batches[t][0]).all()))
     spike = results.get("spikes")
     if spike is not None and spike["spike"]:
       # (The decision never calls a non-finite step a spike.)
@@ -150,7 +158,7 @@ class ForensicsHook(core_hooks.GatedHook):
     else:
       self.explained += 1
       explained = replay_lib.explain(session, self._forensics, offending[0],
-                                     batches[offending[0]], scale)
+                                     batches[offending[0]], scale, flags)
       record.update(explained)
       replayed = record["replay"]
       replayed["input_examples"] = [self._name(i)
@@ -170,8 +178,7 @@ class ForensicsHook(core_hooks.GatedHook):
         logging.warning("step %d: the skip's state for //:replay not saved: "
                         "%s; its record is kept", step, record["state_error"])
       self.replay_seconds.append(record["replay_seconds"])
-      self.verdicts["reproducible" if explained["reproduced"]
-                    else "not_reproducible"] += 1
+      self.verdicts[verdict_key(explained)] += 1
       if explained["suspect_device"]:
         self.suspect_devices[explained["suspect_device"]] += 1
       text = replay_lib.line(step, explained)
@@ -181,6 +188,9 @@ class ForensicsHook(core_hooks.GatedHook):
                     record)
     self.records += 1
     logging.warning("%s", text)
+    if (record.get("verdict") == replay_lib.MODEL and
+        self._on_model is not None and self._on_model(run_context, step)):
+      self.model_fault = step
     self._summarize(step, text, "replay" in record and not record["replay"][
         "finite"], record["seconds"])
 
@@ -248,6 +258,18 @@ class ForensicsHook(core_hooks.GatedHook):
         "replay_seconds_max": max(seconds) if seconds else None}
 
 
+def verdict_key(record):
+  """A replayed record's verdict in the run summary's counts: reproducible
+  (the data: its examples are excluded), model, undecided or
+  not_reproducible (records written before the evidence rule: reproduced
+  or not)."""
+  if not record["reproduced"]:
+    return "not_reproducible"
+  if record.get("exclude", True):
+    return "reproducible"
+  return "model" if record.get("verdict") == replay_lib.MODEL else "undecided"
+
+
 def totals(train_dir):
   """Counts over every worker's records in `train_dir` (all runs): the
   chief's run summary merges the workers' logs this way."""
@@ -258,8 +280,7 @@ def totals(train_dir):
     return {"all_records_error": str(e)}
   for record in records:
     if "reproduced" in record:
-      verdicts["reproducible" if record["reproduced"]
-               else "not_reproducible"] += 1
+      verdicts[verdict_key(record)] += 1
     elif record.get("reason") == "spike":
       verdicts["spike"] += 1
     if record.get("suspect_device"):

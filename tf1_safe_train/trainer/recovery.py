@@ -118,6 +118,28 @@ def keep_checkpoint_max(params):
       params.save_checkpoints_steps) + 2)
 
 
+def act_on_model_fault(hook, run_context, step):
+  """A replay's "the model, not the data" verdict at `step`: roll back
+  after this step whatever the streak (`hook` a `RollbackHook`), else stop
+  after it (`give_up_hook`'s hook, `--on_persistent_skips=stop`).
+
+  Returns:
+    True if it stopped the run (False: the `RollbackHook` acts).
+  """
+  if isinstance(hook, RollbackHook):
+    hook.act_now(step)
+    return False
+  run_context.request_stop()
+  return True
+
+
+def model_fault(hook, forensics_hook):
+  """The step of the model verdict the run ended on, or None."""
+  if isinstance(hook, RollbackHook):
+    return hook.model_fault
+  return forensics_hook.model_fault
+
+
 def refusal_in_cluster(params):
   """Why --on_persistent_skips=rollback cannot run in a cluster (one line).
 
@@ -198,6 +220,13 @@ class RollbackHook(core_hooks.GiveUpHook):
     self.records = []
     self.latest_state = None
     self._final = None  # Counters a rollback after the last step changed.
+    self._now = None  # The step of a model verdict to act on.
+    self.model_fault = None  # The one the run gave up on.
+
+  def act_now(self, step):
+    """Acts after this step whatever the streak: a replay found that every
+    batch fails on these weights at `step` (`act_on_model_fault`)."""
+    self._now = step
 
   def attach(self, resume):
     """Builds the restore (before the graph is finalized).
@@ -241,7 +270,8 @@ class RollbackHook(core_hooks.GiveUpHook):
     self.latest_state = results["state"]._asdict()
     self._final = None
     streak = int(results["streak"])
-    if not self._max or streak < self._max:
+    now, self._now = self._now, None
+    if now is None and (not self._max or streak < self._max):
       return
     params, s = self._params, results["state"]
     at_step = int(results["global_step"])
@@ -257,6 +287,7 @@ class RollbackHook(core_hooks.GiveUpHook):
     if path is None:
       self.refusal = "no rollback: " + why
       self.gave_up = True
+      self.model_fault = now
       logging.error("giving up: %d consecutive steps skipped "
                     "(--max_consecutive_skips=%d); %s", streak, self._max,
                     self.refusal)

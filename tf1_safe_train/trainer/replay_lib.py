@@ -6,8 +6,15 @@ loss and gradients); `Forensics` holds them with the batch store. After a
 skip (the weights are exactly as the step saw them: nothing moved) `explain`
 feeds the offending tower's stored batch to its own probe, and to another
 tower's to tell data from device:
-  * non-finite on both -> "reproducible (data or model)";
-  * finite on either -> "not reproducible: suspect <the tower's device>".
+  * finite on either -> "not reproducible: suspect <the tower's device>";
+  * non-finite on both, then data or model, on evidence only:
+    - its input holds NaN/Inf -> the data ("reproducible: the data");
+    - another batch passes on the same weights (another tower's in the
+      step, else the last applied batch, replayed) -> the data;
+    - every other batch tried fails too -> the model ("every batch fails
+      on these weights: the model, not the data"): nothing is excluded;
+    - no other batch to try (one tower, nothing applied yet in this
+      process) -> undecided, nothing excluded.
 With one tower the replay runs on the same device, so a device fault that
 recurs looks like data: the record says the verdict is weaker.
 
@@ -24,7 +31,13 @@ from tf1_safe_train.core import replay
 
 tf1 = tf.compat.v1
 
-REPRODUCIBLE = "reproducible (data or model)"
+# The verdicts of a replay, and what each rests on (docs/forensics.md):
+# the data only on evidence of data, never because a batch fails on weights
+# that fail on every batch.
+REPRODUCIBLE = "reproducible: the data"
+MODEL = "every batch fails on these weights: the model, not the data"
+UNDECIDED = ("reproducible, but no other batch to compare on these weights: "
+             "the data or the model; not excluded")
 NOT_REPRODUCIBLE = "not reproducible: suspect %s"
 WEAKER = ("one tower: replayed on the same device, so a fault of that device "
           "that recurs would look like data")
@@ -79,7 +92,9 @@ class Forensics(object):
 
 def _replay(session, forensics, tower, batch, scale):
   images, labels = batch[0], batch[1]
-  feed = {tower.images: images, tower.labels: labels}
+  # `replaying`: the towers' input reads the store, never the iterator.
+  feed = {forensics.store.replaying: True, tower.images: images,
+          tower.labels: labels}
   feed.update(tower.fault_feeds)
   if forensics.loss_scale is not None and scale is not None:
     feed[forensics.loss_scale] = scale
@@ -95,7 +110,35 @@ def _rows(finding, tower, ids):
   return rows, [int(ids[r]) for r in bad if r < len(ids)]
 
 
-def explain(session, forensics, tower_index, batch, scale=None):
+def _evidence(session, forensics, tower_index, flags, scale, replay_on):
+  """Whether another batch passes on the skip's weights: (verdict, exclude,
+  evidence text, control dict or None) of a batch that failed on every
+  tower it was replayed on, with a finite input."""
+  others = [t for t in range(len(forensics.towers)) if t != tower_index]
+  if flags is not None:
+    passed = [t for t in others if t < len(flags) and not flags[t]]
+    if passed:  # The same weights, the same step: another batch was fine.
+      return (REPRODUCIBLE, True, "tower %d's batch of the step was finite "
+              "on the same weights" % passed[0],
+              {"source": "step", "tower": passed[0], "finite": True})
+  applied = forensics.store.read_applied(session)
+  if applied is not None:
+    finding = replay_on(forensics.towers[tower_index], applied)
+    control = {"source": "last_applied_batch", "step": applied[3],
+               "finite": bool(finding.finite), "first_op": finding.first_op,
+               "seconds": round(finding.seconds, 4)}
+    if finding.finite:
+      return (REPRODUCIBLE, True, "the last applied batch (step %d) is "
+              "finite on these weights" % applied[3], control)
+    return (MODEL, False, "the last applied batch (step %d) fails on these "
+            "weights too" % applied[3], control)
+  if flags is not None and others:
+    return (MODEL, False, "every tower's batch of the step failed", None)
+  return (UNDECIDED, False, "no other batch was tried on these weights",
+          None)
+
+
+def explain(session, forensics, tower_index, batch, scale=None, flags=None):
   """Replays tower `tower_index`'s `batch` and returns the record's parts.
 
   Args:
@@ -104,19 +147,28 @@ def explain(session, forensics, tower_index, batch, scale=None):
     tower_index: the tower whose step was non-finite.
     batch: its stored (images, labels, ids) NumPy arrays.
     scale: the loss scale the step used (fp16), or None.
+    flags: each tower's non-finite flag in the step, or None (unknown).
 
   Returns:
     A dict: "replay" (tower, device, finite, first_op, phase, input_rows,
     input_ids, nonfinite_outputs, ops_checked, ops_not_checked, seconds,
     text), "other" (the same batch on another tower: tower, device, finite,
-    first_op, seconds), "verdict" (text), "reproduced" (bool),
-    "suspect_device" (or None), "weaker" (one tower), "seconds" (both
-    replays).
+    first_op, seconds), "verdict" (text), "reproduced" (bool), "exclude"
+    (bool: the evidence says the data), "evidence" (text), "control" (the
+    other batch compared, if any), "suspect_device" (or None), "weaker"
+    (one tower), "seconds" (every replay).
   """
   towers = forensics.towers
   tower = towers[tower_index]
   ids = batch[2]
-  finding = _replay(session, forensics, tower, batch, scale)
+  spent = []
+
+  def replay_on(on_tower, on_batch):
+    found = _replay(session, forensics, on_tower, on_batch, scale)
+    spent.append(found.seconds)
+    return found
+
+  finding = replay_on(tower, batch)
   input_rows, input_ids = _rows(finding, tower, ids)
   result = {
       "replay": {
@@ -131,22 +183,30 @@ def explain(session, forensics, tower_index, batch, scale=None):
           "text": replay.describe(finding, example_ids=list(ids))},
       "weaker": len(towers) == 1,
   }
-  seconds = finding.seconds
   reproduced = not finding.finite
   if reproduced and len(towers) > 1:
     other = towers[(tower_index + 1) % len(towers)]
-    elsewhere = _replay(session, forensics, other, batch, scale)
-    seconds += elsewhere.seconds
+    elsewhere = replay_on(other, batch)
     result["other"] = {"tower": other.index, "device": other.device,
                        "finite": bool(elsewhere.finite),
                        "first_op": elsewhere.first_op,
                        "seconds": round(elsewhere.seconds, 4)}
     reproduced = not elsewhere.finite
-  result["reproduced"] = reproduced
-  result["suspect_device"] = None if reproduced else tower.device
-  result["verdict"] = (REPRODUCIBLE if reproduced
-                       else NOT_REPRODUCIBLE % tower.device)
-  result["seconds"] = round(seconds, 4)
+  if not reproduced:
+    verdict, exclude, evidence, control = (
+        NOT_REPRODUCIBLE % tower.device, False, "finite on replay", None)
+  elif input_ids:
+    verdict, exclude, evidence, control = (
+        REPRODUCIBLE, True, "its input holds NaN/Inf", None)
+  else:
+    verdict, exclude, evidence, control = _evidence(
+        session, forensics, tower_index, flags, scale, replay_on)
+  if control is not None:
+    result["control"] = control
+  result.update(reproduced=reproduced, exclude=exclude, evidence=evidence,
+                verdict=verdict,
+                suspect_device=None if reproduced else tower.device,
+                seconds=round(sum(spent), 4))
   return result
 
 
@@ -155,6 +215,9 @@ def line(step, explained):
   text = "step %d tower %d: %s; %s" % (
       step, explained["replay"]["tower"], explained["replay"]["text"],
       explained["verdict"])
-  if explained["weaker"] and explained["reproduced"]:
+  if explained["reproduced"] and explained.get("evidence"):
+    text += " (%s)" % explained["evidence"]
+  if explained["weaker"] and explained.get(
+      "exclude", explained["reproduced"]):
     text += " (%s)" % WEAKER
   return text

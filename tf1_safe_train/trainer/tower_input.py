@@ -4,6 +4,13 @@
 excluded examples) and, per tower, reads a batch, applies the input drill
 and stores the batch as the model reads it (`batch_store`), all on the
 input's device, so keeping the batch copies nothing across devices.
+
+The iterator is read inside a `tf.cond` on the store's `replaying` flag: a
+replay (which feeds the flag True and its batch) can never pull a batch
+through the training iterator. Feeding the iterator's outputs is not
+enough: Grappler folds shapes of the batch into constants with a control
+edge from the op that made it, so a fed `IteratorGetNext` still runs and
+consumes a batch no step trains on.
 """
 
 import tensorflow as tf
@@ -40,8 +47,6 @@ class TowerInput(object):
 
   Attributes:
     store: the `batch_store.BatchStore`.
-    writes: the store's write op of each tower read so far (group them into
-      the train op).
   """
 
   def __init__(self, params, worker_index, num_towers, dataset_fn=None,
@@ -50,7 +55,6 @@ class TowerInput(object):
     with tf.device(INPUT_DEVICE):
       self.store = batch_store.BatchStore(self._iterator.element_spec,
                                           num_towers)
-    self.writes = []
 
   def read(self, tower, tower_drill):
     """Tower `tower`'s (images, labels), as its model reads them.
@@ -58,9 +62,25 @@ class TowerInput(object):
     The input drill poisons the batch here: it models data, so the store
     (and a replay) keep the poisoned batch.
     """
-    with tf.device(INPUT_DEVICE):
+    def next_batch():
       images, labels, ids = self._iterator.get_next()
-      tf1.add_to_collection(EXAMPLE_IDS_COLLECTION, ids)
       images = tower_drill.input(images)
-      self.writes.append(self.store.write(tower, images, labels, ids))
+      # The outputs wait for the store: a skip reads this step's batch.
+      with tf1.control_dependencies([self.store.write(tower, images, labels,
+                                                      ids)]):
+        return tf.identity(images), tf.identity(labels), tf.identity(ids)
+
+    with tf.device(INPUT_DEVICE):
+      images, labels, ids = tf.cond(self.store.replaying,
+                                    lambda: self.store.values(tower),
+                                    next_batch, name="batch")
+      tf1.add_to_collection(EXAMPLE_IDS_COLLECTION, ids)
+    if tower == 0:
+      self._first = (images, labels, ids)
     return images, labels
+
+  def keep_if_applied(self, applied, step):
+    """The op keeping tower 0's batch of `step` if `applied` (a replay's
+    control batch: `batch_store`); group it into the train op."""
+    with tf.device(INPUT_DEVICE):
+      return self.store.keep_if_applied(applied, step, *self._first)

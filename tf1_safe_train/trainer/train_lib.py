@@ -21,6 +21,7 @@ from tf1_safe_train.trainer import exclusion
 from tf1_safe_train.trainer import finite_state
 from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import hooks as hooks_lib
+from tf1_safe_train.trainer import last_good
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
@@ -83,7 +84,13 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         step, params, strategy.worker_index, params.max_explained_skips,
         summary_dir=params.train_dir if is_chief else None,
         describe_id=lambda i: data.describe_id(
-            params.dataset if dataset_fn is None else "dataset_fn", i))
+            params.dataset if dataset_fn is None else "dataset_fn", i),
+        # On one machine only: in a cluster one worker's stop would leave
+        # the others waiting; its streak ends the run there. (`give_up` is
+        # made below, before the session runs.)
+        on_model=None if strategy.in_cluster else (
+            lambda context, at: recovery.act_on_model_fault(
+                give_up, context, at)))
     examples_per_step = params.batch_size * strategy.tower_config.num_towers
     first_step_time = None
     stats = hooks_lib.RunStatsHook(dict(
@@ -100,7 +107,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
       """The run summary now (an abort's has every field a normal one has)."""
       summary = _summary(params, stats, give_up, on_signal, state_hook.report,
                          first_step_time, start, time.time(),
-                         examples_per_step, strategy, exit_reason)
+                         examples_per_step, strategy, exit_reason,
+                         recovery.model_fault(give_up, explain))
       summary["forensics"] = dict(explain.summary(),
                                   excluded_examples=excluded,
                                   **forensics.totals(params.train_dir))
@@ -146,7 +154,12 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
                                                tf1.global_variables()),
         fresh=checkpoint_fit.fresh_variables(resume, tf1.global_variables()),
         max_to_keep=recovery.keep_checkpoint_max(params),
-        save_relative_paths=True)
+        save_relative_paths=True,
+        # Pruning spares the last checkpoint before a skip streak.
+        streak_start=last_good.streak_start(
+            step.variables["global_step"],
+            step.variables["counters"].consecutive_skips,
+            params.increment_global_step_on_skip))
     if isinstance(give_up, recovery.RollbackHook):
       give_up.attach(resume)
     scaffold = tf1.train.Scaffold(saver=saver)
@@ -171,25 +184,31 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
 
 
 def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
-             start, end, examples_per_step, strategy, exit_reason=None):
-  """The run summary dict of `train` (`exit_reason`: decided here if None)."""
+             start, end, examples_per_step, strategy, exit_reason=None,
+             model_fault=None):
+  """The run summary dict of `train` (`exit_reason`: decided here if None;
+  `model_fault`: the step of a model verdict the run ended on)."""
   if exit_reason is None:
-    exit_reason = _exit_reason(nonfinite, give_up, on_signal)
+    exit_reason = _exit_reason(nonfinite, give_up, on_signal, model_fault)
   final, fields = strategy.summary_fields()
   summary = run_summary.build(params, stats.latest, stats.steps_run,
                               first_step_time, start, end, examples_per_step,
                               exit_reason, final=final)
   if nonfinite:
     summary["nonfinite_state"] = nonfinite
+  if model_fault is not None:
+    summary["model_fault_step"] = model_fault
   summary.update(fields)
   summary.update(recovery.summary_fields(give_up))
   return summary
 
 
-def _exit_reason(nonfinite, give_up, on_signal):
+def _exit_reason(nonfinite, give_up, on_signal, model_fault=None):
   """Why a run that ended by itself (not aborted) ended."""
   if nonfinite:
     return "nonfinite_state"
+  if model_fault is not None:
+    return "model_fault"
   if give_up.gave_up:
     return "too_many_consecutive_skips"
   if on_signal.interrupted:

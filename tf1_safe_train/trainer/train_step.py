@@ -256,7 +256,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
           tf1.assign(max_seen, tf.maximum(
               max_seen.read_value(), counters.consecutive_skips.read_value())),
       ]
-    train_op = tf.group(step_op, *(totals + tower_inputs.writes), name="train_op")
+    keep = tower_inputs.keep_if_applied(result.applied, step_index)
+    train_op = tf.group(step_op, keep, *totals, name="train_op")
     after = counters_lib.read_after(counters, train_op)
     with tf1.control_dependencies([train_op]):
       totals = {
