@@ -13,38 +13,14 @@ from unittest import mock
 
 import tensorflow as tf
 
+import forensics_test_util
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import forensics
-from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import train_lib
 
-tf1 = tf.compat.v1
-
-
-def _params(train_dir, **overrides):
-  values = dict(train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
-                max_steps=4, save_checkpoints_steps=1000,
-                save_summaries_steps=1000, log_every_n_steps=1000)
-  values.update(overrides)
-  return params_lib.TrainParams(**values).validate()
-
-
-class _StoredIds(tf1.train.SessionRunHook):
-  """Collects every example id the towers read (from the batch store)."""
-
-  def __init__(self):
-    self.ids = set()
-
-  def begin(self):
-    self._reads = [v.read_value() for v in tf1.local_variables()
-                   if v.name.startswith("batch_store/") and
-                   v.name.endswith("/ids:0")]
-
-  def after_run(self, run_context, run_values):
-    for ids in run_context.session.run(self._reads):  # After the step.
-      self.ids.update(int(i) for i in ids)
+_params = forensics_test_util.params
 
 
 class ForensicsTest(tf.test.TestCase):
@@ -80,7 +56,7 @@ class ForensicsTest(tf.test.TestCase):
     self.assertEqual(first["forensics"]["verdicts"], {"reproducible": 1})
     bad = set(tower0["example_ids"])
 
-    stored = _StoredIds()
+    stored = forensics_test_util.FedIds()
     with self.assertLogs(level="INFO") as logs:
       second = train_lib.train(_params(train_dir, max_steps=4),
                                extra_hooks=[stored])
@@ -95,7 +71,7 @@ class ForensicsTest(tf.test.TestCase):
     self.assertEmpty(stored.ids & bad)
 
     # Off: the same restart reads them again (what the test above guards).
-    control = _StoredIds()
+    control = forensics_test_util.FedIds()
     summary = train_lib.train(_params(train_dir, max_steps=6,
                                       exclude_reproducible_skips=False),
                               extra_hooks=[control])

@@ -342,54 +342,43 @@ class SignalTest(tf.test.TestCase):
   # one line. Fix: catch KeyboardInterrupt in main and cli.fail(...,
   # "interrupted before training started", 130).
   def testCtrlCDuringStartUpExitsWithOneLine(self):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    log = train_dir + ".log"
-    process = lib.start_trainer(_common_args(train_dir), log)
-    try:
-      # Once main() runs (it handles SIGTERM from then on; Python handles
-      # SIGINT from its own start-up, which a fixed sleep could hit under
-      # load: a KeyboardInterrupt traceback from absl's import). Importing
-      # TensorFlow alone takes seconds more.
-      self.assertTrue(lib.wait_until(
-          lambda: _catches(process.pid, signal.SIGTERM), 120,
-          interval=0.01, process=process), lib.read_text(log))
-      lib.send(process, signal.SIGINT)
-      process.wait(timeout=240)
-    finally:
-      if process.poll() is None:
-        lib.kill_and_reap(process)
-    text = lib.read_text(log)
-    self.assertFalse(lib.progress_steps(text))  # It was still starting.
+    process, text = self._signal_during_start_up(signal.SIGINT)
     self.assertNotEqual(process.returncode, 0)
-    self.assertNotIn("Traceback", text)
     self.assertLen(binaries.error_lines(text), 1, text)
 
   # Regression test (issue 23, 9): SIGTERM during start-up ended the run
   # with exit code 143 and no line at all. It now says so in one line (and
   # still exits 128 + 15).
   def testSigtermDuringStartUpExitsWithOneLine(self):
+    process, text = self._signal_during_start_up(signal.SIGTERM)
+    self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
+    errors = binaries.error_lines(text)
+    self.assertEqual(errors, ["train: error: signal 15 (SIGTERM) before "
+                              "training started: stopped, nothing trained"],
+                     text)
+
+  def _signal_during_start_up(self, signum):
+    """(process, log text) of a trainer sent `signum` while starting."""
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     log = train_dir + ".log"
     process = lib.start_trainer(_common_args(train_dir), log)
     try:
-      # Once the trainer handles SIGTERM: start-up (TensorFlow's import,
-      # the graph) lasts seconds more.
+      # Once main() handles SIGTERM (Python handles SIGINT from its own
+      # start-up, which a fixed sleep could hit under load: a
+      # KeyboardInterrupt traceback from absl's import). TensorFlow's import
+      # and the graph take seconds more.
       self.assertTrue(lib.wait_until(
           lambda: _catches(process.pid, signal.SIGTERM), 120,
           interval=0.01, process=process), lib.read_text(log))
-      lib.send(process, signal.SIGTERM)
+      lib.send(process, signum)
       process.wait(timeout=240)
     finally:
       if process.poll() is None:
         lib.kill_and_reap(process)
     text = lib.read_text(log)
     self.assertFalse(lib.progress_steps(text))  # It was still starting.
-    self.assertEqual(process.returncode, 128 + signal.SIGTERM, text)
     self.assertNotIn("Traceback", text)
-    errors = binaries.error_lines(text)
-    self.assertEqual(errors, ["train: error: signal 15 (SIGTERM) before "
-                              "training started: stopped, nothing trained"],
-                     text)
+    return process, text
 
 
 def _catches(pid, signum):

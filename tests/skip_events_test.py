@@ -13,37 +13,15 @@ import shutil
 
 import tensorflow as tf
 
+import forensics_test_util
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import offline_replay
-from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import skip_states
 from tf1_safe_train.trainer import train_lib
 
-tf1 = tf.compat.v1
-
-
 def _params(train_dir, **overrides):
-  values = dict(train_dir=train_dir, num_towers=1, device="cpu", batch_size=4,
-                max_steps=4, save_checkpoints_steps=1000,
-                save_summaries_steps=1000, log_every_n_steps=1000)
-  values.update(overrides)
-  return params_lib.TrainParams(**values).validate()
-
-
-class _FedIds(tf1.train.SessionRunHook):
-  """Every example id the towers read (from the batch store)."""
-
-  def __init__(self):
-    self.ids = set()
-
-  def begin(self):
-    self._reads = [v.read_value() for v in tf1.local_variables()
-                   if v.name.startswith("batch_store/") and
-                   v.name.endswith("/ids:0")]
-
-  def after_run(self, run_context, run_values):
-    for ids in run_context.session.run(self._reads):
-      self.ids.update(int(i) for i in ids)
+  return forensics_test_util.params(train_dir,
+                                    **dict(dict(num_towers=1), **overrides))
 
 
 def _bad_ids(records):
@@ -65,7 +43,7 @@ class SkipEventsTest(tf.test.TestCase):
     return os.path.join(self.get_temp_dir(), name)
 
   def assertRestartFeedsNoneOf(self, train_dir, bad, **overrides):
-    fed = _FedIds()
+    fed = forensics_test_util.FedIds()
     summary = train_lib.train(_params(train_dir, **overrides),
                               extra_hooks=[fed])
     excluded = summary["forensics"]["excluded_examples"]
