@@ -10,6 +10,8 @@ that executes no guarded step; never with `check_runs=False`; and it adds
 nothing a step executes.
 """
 
+from unittest import mock
+
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-direct-tensorflow-import
 
@@ -17,6 +19,7 @@ from bench import executed_ops
 import optimizer_test_util as test_util
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import run_check
+from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
 
@@ -130,6 +133,29 @@ class RunCheckTest(tf.test.TestCase):
               r"decision.*model/b/ExponentialMovingAverage.*opt\.protect"):
             sess.run(train_op, {x: test_util.GOOD_X})
         self.assertEqual(0, sess.run(global_step))  # Nothing ran.
+
+  def testAWalkThatFailsNeitherStopsTheRunNorPassesSilently(self):
+    # A graph the walk cannot read (a bug of ours, an op of a kind it does
+    # not know) must not end a run the script would make; it is said, once
+    # per fetch set, and a strict wrapper refuses the run.
+    broken = mock.patch.object(write_check, "findings",
+                               side_effect=KeyError("odd op"))
+    with tf.Graph().as_default():
+      x, _, train_op, _ = _ema_step()
+      with tf1.Session() as sess, broken:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertLogs(level="WARNING") as logs:
+          for _ in range(2):
+            sess.run(train_op, {x: test_util.GOOD_X})
+    said = [l for l in logs.output if "could not analyse" in l]
+    self.assertLen(said, 1, logs.output)
+    self.assertIn("KeyError", said[0])
+    with tf.Graph().as_default():
+      x, _, train_op, _ = _ema_step(strict=True)
+      with tf1.Session() as sess, broken:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertRaisesRegex(ValueError, "could not analyse"):
+          sess.run(train_op, {x: test_util.GOOD_X})
 
   def testProtectedTrainOpIsClean(self):
     with tf.Graph().as_default():

@@ -15,6 +15,7 @@ lookup; graphs without a watched step pay one attribute lookup.
 import functools
 import threading
 
+from absl import logging
 import tensorflow as tf
 
 from tensorflow.python.client import session as session_lib  # pylint: disable=g-direct-tensorflow-import
@@ -138,13 +139,41 @@ class GraphCheck(object):
       callers = (_fetched_ops(graph, fetches["caller"])
                  if isinstance(fetches, dict) and "caller" in fetches
                  else None)
-      found = write_check.findings(ops, self.steps, _fed_names(feeds),
-                                   callers=callers)
+      try:
+        found = write_check.findings(ops, self.steps, _fed_names(feeds),
+                                     callers=callers)
+      except Exception as e:  # pylint: disable=broad-except
+        self._not_analysed(ops, feeds, e)
+        self._checked[key] = True
+        return
       # Raises if strict (not remembered: the next run is refused too).
       run_advice.tell(ops, found, any(s.strict for s in found.steps))
       if len(self._checked) >= _MAX_CACHED:
         self._checked.clear()
       self._checked[key] = True
+
+  def _not_analysed(self, ops, feeds, error):
+    """Says that a run the walk could not read is not checked.
+
+    A graph the walk cannot read (a bug of ours, an op it does not know)
+    must not stop a run the user's code would make, but what was not
+    checked is said (strict: the run is refused) — if the run executes a
+    watched step, or if even that cannot be told.
+    """
+    try:
+      walked = fetch_gate.ancestors(ops, _fed_names(feeds))
+      ran = [s for s in self.steps if s.applied.op in walked]
+    except Exception:  # pylint: disable=broad-except
+      ran = self.steps
+    if not ran:
+      return
+    message = ("tf1_safe_train: the first-run check could not analyse a run "
+               "of %s (%s: %s): what it writes outside the skip decision is "
+               "not checked" % ([op.name for op in ops][:3],
+                                type(error).__name__, error))
+    if any(s.strict for s in ran):
+      raise ValueError(message) from error
+    logging.warning("%s", message)
 
 
 def graph_check(graph):
