@@ -11,6 +11,8 @@ import collections
 
 import tensorflow as tf
 
+from tf1_safe_train.core import gradients
+
 tf1 = tf.compat.v1
 
 # The largest power of two float32 holds: the scale never grows past it, and
@@ -113,16 +115,7 @@ class DynamicLossScale(object):
       quotient = tf.cast(values, wide) / tf.cast(scale, wide)
       return tf.cast(quotient, values.dtype)
 
-    out = []
-    for g, v in grads_and_vars:
-      if g is None:
-        out.append((g, v))
-      elif isinstance(g, tf.IndexedSlices):
-        out.append((tf.IndexedSlices(_divide(g.values), g.indices,
-                                     g.dense_shape), v))
-      else:
-        out.append((_divide(g), v))
-    return out
+    return gradients.map_gradients(_divide, grads_and_vars)
 
   def on_apply(self):
     """Op for the apply branch: count a good step, grow the scale if due.

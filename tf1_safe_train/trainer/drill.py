@@ -10,6 +10,7 @@ the tower, its loss, or its input).
 
 import tensorflow as tf
 
+from tf1_safe_train.core import gradients
 from tf1_safe_train.trainer import injection
 
 TARGETS = ("input", "loss", "grads")
@@ -89,10 +90,8 @@ class TowerDrill(object):
   def _scaled(self, x):
     if self._factor is None:
       return x
-    if isinstance(x, tf.IndexedSlices):
-      return tf.IndexedSlices(self._scaled(x.values), x.indices,
-                              x.dense_shape)
-    return x * tf.cast(self._factor, x.dtype)
+    return gradients.map_values(lambda t: t * tf.cast(self._factor, t.dtype),
+                                x)
 
   def input(self, images):
     if self._target != "input":
@@ -127,8 +126,7 @@ class TowerDrill(object):
     if self._target != "grads":
       return list(grads_and_vars)
     # A scale spikes the whole tower's gradients, as a bad device would.
-    grads_and_vars = [(None if g is None else self._scaled(g), v)
-                      for g, v in grads_and_vars]
+    grads_and_vars = gradients.map_gradients(self._scaled, grads_and_vars)
     for i, (g, v) in enumerate(grads_and_vars):
       if g is not None:
         grads_and_vars[i] = (injection.poison(g, self._active, self._value), v)

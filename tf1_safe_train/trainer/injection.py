@@ -10,6 +10,7 @@ keyed by the seed and the rule's index, the same in the graph and in Python.
 
 import tensorflow as tf
 
+from tf1_safe_train.core import gradients
 from tf1_safe_train.trainer import injection_spec
 
 tf1 = tf.compat.v1
@@ -135,8 +136,7 @@ def poison(x, active, value):
     ValueError: if `x` is not of a floating dtype.
   """
   if isinstance(x, tf.IndexedSlices):
-    return tf.IndexedSlices(poison(x.values, active, value), x.indices,
-                            x.dense_shape)
+    return gradients.map_values(lambda t: poison(t, active, value), x)
   x = tf.convert_to_tensor(x)
   if x.dtype.base_dtype not in _FLOAT_DTYPES:
     raise ValueError('poison needs a float16/bfloat16/float32/float64 tensor, '

@@ -10,6 +10,8 @@ import math
 
 import tensorflow as tf
 
+from tf1_safe_train.core import gradients
+
 tf1 = tf.compat.v1
 
 
@@ -129,15 +131,7 @@ def clip_by_global_norm(grads_and_vars, clip_norm):
       return ((values / tf.cast(divisor, values.dtype)) *
               tf.cast(multiplier, values.dtype))
 
-    clipped = []
-    for g, v in grads_and_vars:
-      if g is None:
-        clipped.append((g, v))
-      elif isinstance(g, tf.IndexedSlices):
-        clipped.append((tf.IndexedSlices(clip(g.values), g.indices,
-                                         g.dense_shape), v))
-      else:
-        clipped.append((clip(g), v))
+    clipped = gradients.map_gradients(clip, grads_and_vars)
   return clipped, norm
 
 

@@ -8,6 +8,8 @@ and are shared by every tower, whose gradients `average_gradients` reduces.
 
 import tensorflow as tf
 
+from tf1_safe_train.core import gradients
+
 tf1 = tf.compat.v1
 
 # Op types that own variable state, placed on the variables' device. Same list
@@ -206,7 +208,8 @@ def _average(grads, num_towers):
       values = tf.concat([g.values for g in grads], axis=0)
     dense_shape = next((g.dense_shape for g in grads
                         if g.dense_shape is not None), None)
-    return tf.IndexedSlices(values * scale, indices, dense_shape)
+    return gradients.map_values(lambda t: t * scale,
+                                tf.IndexedSlices(values, indices, dense_shape))
   # Mixed dense and sparse gradients: densify (rare; e.g. one tower gathers).
   grads = [tf.convert_to_tensor(g) for g in grads]
   total = grads[0] if len(grads) == 1 else tf.add_n(grads)
