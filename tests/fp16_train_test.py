@@ -94,5 +94,34 @@ class Float16TrainingTest(tf.test.TestCase):
         self.assertTrue(np.isfinite(reader.get_tensor(name)).all(), name)
 
 
+class LossScaleHysteresisTrainingTest(tf.test.TestCase):
+
+  def testResumedWithHysteresisTheSecondOverflowInARowHalves(self):
+    # The first run has no hysteresis: its checkpoint lacks the streak,
+    # which the resumed run starts at 0. There the drill's NaN gradients
+    # are overflows: step 3 alone keeps the scale, step 4 applies (ending
+    # the streak), and steps 5 and 6 in a row halve it once. Without the
+    # reset it would halve at 5 and 6; without hysteresis, three times.
+    train_dir = os.path.join(self.get_temp_dir(), "hysteresis")
+    params = params_lib.TrainParams(
+        train_dir=train_dir, model="small_cnn", num_towers=1, device="cpu",
+        batch_size=2, max_steps=3, precision="fp16", initial_loss_scale=64.0,
+        max_explained_skips=0, save_summaries_steps=100,
+        log_every_n_steps=100).validate()
+    first = train_lib.train(params, dataset_fn=_shrunk_dataset)
+    self.assertEqual((3, 0, 64.0), (first["applied_steps"],
+                                    first["skipped_steps"],
+                                    first["loss_scale"]))
+    summary = train_lib.train(
+        params.replace(max_steps=7, loss_scale_hysteresis=2,
+                       inject_nonfinite="nan@3,nan@5-6"),
+        dataset_fn=_shrunk_dataset)
+    self.assertEqual((4, 3, 32.0), (summary["applied_steps"],
+                                    summary["skipped_steps"],
+                                    summary["loss_scale"]))
+    reader = tf1.train.load_checkpoint(tf1.train.latest_checkpoint(train_dir))
+    self.assertEqual(2, reader.get_tensor("loss_scale/overflow_streak"))
+
+
 if __name__ == "__main__":
   tf.test.main()

@@ -6,16 +6,19 @@ import tensorflow as tf
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import spikes
 
 tf1 = tf.compat.v1
 
 
-def _build(growth_steps=3, initial_scale=8.0, dtype=tf.float16):
+def _build(growth_steps=3, initial_scale=8.0, dtype=tf.float16,
+           hysteresis=1):
   """A model of one variable computing in `dtype`; `x` feeds the input."""
   x = tf1.placeholder(dtype, [3])
   w = tf1.get_variable("w", initializer=tf.constant([1.0, 2.0, 3.0]))
   scale = loss_scale_lib.DynamicLossScale(
-      initial_scale=initial_scale, growth_steps=growth_steps)
+      initial_scale=initial_scale, growth_steps=growth_steps,
+      hysteresis=hysteresis)
   loss = tf.reduce_sum(tf.cast(w, dtype) * x)
   opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
   scale_value = scale.scale()
@@ -157,6 +160,89 @@ class DynamicLossScaleTest(tf.test.TestCase):
       loss_scale_lib.DynamicLossScale(initial_scale=2.0**127, name="top")
       with self.assertRaisesRegex(ValueError, "growth_steps"):
         loss_scale_lib.DynamicLossScale(growth_steps=0)
+      for bad in (0, -1, 1.5):
+        with self.assertRaisesRegex(ValueError, "hysteresis"):
+          loss_scale_lib.DynamicLossScale(hysteresis=bad)
+
+
+# Overflows float16 at scale 8 (60000 * 8 > 65504), and at 4 and 2 too.
+_OVERFLOW = [60000.0, 1.0, 1.0]
+_GOOD = [1.0, 1.0, 1.0]
+
+
+class HysteresisTest(tf.test.TestCase):
+  """`DynamicLossScale(hysteresis=N)`: the N-th overflow in a row halves."""
+
+  def _scales(self, inputs, hysteresis, initial_scale=8.0):
+    """(applied, scale, overflow streak) after each step of `inputs`."""
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(initial_scale=initial_scale,
+                                      hysteresis=hysteresis, growth_steps=100)
+      streak = scale.overflow_streak
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        out = []
+        for values in inputs:
+          applied = sess.run(result.applied, {x: values})
+          out.append((bool(applied), float(sess.run(scale.variables.scale)),
+                      None if streak is None else int(sess.run(streak))))
+        return out
+
+  def testOneOverflowKeepsTheScaleAndTwoInARowHalveIt(self):
+    self.assertEqual(
+        self._scales([_OVERFLOW, _OVERFLOW, _OVERFLOW], hysteresis=2),
+        # Each overflow is skipped; the 2nd in a row halves the scale, and
+        # so does each later one of the streak.
+        [(False, 8.0, 1), (False, 4.0, 2), (False, 2.0, 2)])
+
+  def testAnAppliedStepEndsTheStreak(self):
+    self.assertEqual(
+        self._scales([_OVERFLOW, _GOOD, _OVERFLOW, _GOOD], hysteresis=2),
+        [(False, 8.0, 1), (True, 8.0, 0), (False, 8.0, 1), (True, 8.0, 0)])
+
+  def testHysteresisOneHalvesOnEveryOverflowWithoutAStreakVariable(self):
+    self.assertEqual(
+        self._scales([_OVERFLOW, _GOOD, _OVERFLOW], hysteresis=1),
+        [(False, 4.0, None), (True, 4.0, None), (False, 2.0, None)])
+    with tf.Graph().as_default():
+      scale = loss_scale_lib.DynamicLossScale()
+      self.assertIsNone(scale.overflow_streak)
+      self.assertEqual(list(scale.variables), scale.all_variables)
+      self.assertLen(tf1.global_variables(), 3)
+
+  def testAHeldOverflowIsStillASkip(self):
+    with tf.Graph().as_default():
+      x, _, _, _, result = _build(hysteresis=3)
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(result.train_op, {x: _GOOD})
+        names = [v.op.name for v in tf1.global_variables()]
+        before = sess.run(tf1.global_variables())
+        sess.run(result.train_op, {x: _OVERFLOW})
+        after = sess.run(tf1.global_variables())
+        moved = [n for n, b, a in zip(names, before, after)
+                 if not np.array_equal(b, a)]
+        self.assertCountEqual(moved, [
+            "skipped_steps", "consecutive_skips", "loss_scale/good_steps",
+            "loss_scale/overflow_streak"])
+
+  def testTheStreakIsOptionalStateAndSurvivesACheckpoint(self):
+    path = self.get_temp_dir() + "/ckpt"
+    with tf.Graph().as_default():
+      x, _, _, scale, result = _build(hysteresis=3)
+      self.assertEqual(
+          [scale.overflow_streak],
+          tf1.get_collection(spikes.OPTIONAL_STATE))
+      with self.cached_session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(result.train_op, {x: _OVERFLOW})
+        sess.run(result.train_op, {x: _OVERFLOW})
+        tf1.train.Saver().save(sess, path)
+    with tf.Graph().as_default():
+      _, _, _, scale, _ = _build(hysteresis=3)
+      with tf1.Session() as sess:
+        tf1.train.Saver().restore(sess, path)
+        self.assertEqual(sess.run(scale.overflow_streak), 2)
 
 
 class WrapperLossScaleTest(tf.test.TestCase):
@@ -223,6 +309,26 @@ class WrapperLossScaleTest(tf.test.TestCase):
         sess.run(train_op, {x: [100.0, 1.0]})
         self.assertAllEqual(sess.run(w), [0.0, 2.0])
         self.assertEqual(sess.run(opt.loss_scale.variables.scale), 512.0)
+
+  def testHysteresisInTheWrapper(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float16, [2])
+      w = tf1.get_variable("w", initializer=tf.constant([1.0, 1.0]))
+      loss = tf.reduce_sum(tf.cast(w, tf.float16) * x)
+      scale = loss_scale_lib.DynamicLossScale(initial_scale=16.0,
+                                              hysteresis=2)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1), loss_scale=scale)
+      train_op = opt.minimize(loss)
+      # What Keras initializes: the streak too.
+      self.assertIn(scale.overflow_streak, opt.variables())
+      with self.cached_session() as sess:
+        sess.run(tf1.variables_initializer(opt.variables() + [w]))
+        scales = []
+        for first in (5000.0, 1.0, 5000.0, 5000.0):  # 5000 * 16 overflows.
+          sess.run(train_op, {x: [first, 1.0]})
+          scales.append(float(sess.run(scale.variables.scale)))
+        self.assertEqual(scales, [16.0, 16.0, 16.0, 8.0])
 
   def testStringDynamic(self):
     with tf.Graph().as_default():

@@ -27,6 +27,16 @@ class ParamsTest(tf.test.TestCase):
                                 "--startup_timeout_secs=0"):
       params_lib.TrainParams(startup_timeout_secs=0).validate()
 
+  def testLossScaleHysteresisIsAnIntegerOfAtLeastOne(self):
+    for bad in (0, -2, 1.5, True):
+      with self.subTest(value=bad):
+        with self.assertRaisesRegex(
+            params_lib.ParamsError,
+            r"^--loss_scale_hysteresis=%r: must be an integer >= 1 [^\n]*$"
+            % (bad,)):
+          params_lib.TrainParams(loss_scale_hysteresis=bad).validate()
+    params_lib.TrainParams(loss_scale_hysteresis=3).validate()
+
   def testBooleansAreNotIntegers(self):
     self.assertTrue(checks.is_int(3))
     self.assertFalse(checks.is_int(True))

@@ -4,7 +4,9 @@ float16 gradients underflow unless the loss is scaled up before
 differentiation; too large a scale overflows them into Inf. The scale is a
 checkpointed variable: a skipped step halves it (down to a floor of 1), and
 `growth_steps` applied steps in a row double it. Skips at the floor scale are
-real faults, counted apart from expected overflows.
+real faults, counted apart from expected overflows. With a `hysteresis` of N
+only the N-th overflowing step in a row (and each one after it) halves the
+scale: one overflow in a long run does not cost precision.
 """
 
 import collections
@@ -12,6 +14,7 @@ import collections
 import tensorflow as tf
 
 from tf1_safe_train.core import gradients
+from tf1_safe_train.core import spikes
 
 tf1 = tf.compat.v1
 
@@ -41,7 +44,7 @@ class DynamicLossScale(object):
   """
 
   def __init__(self, initial_scale=2.0**15, growth_steps=2000, floor=1.0,
-               name="loss_scale"):
+               hysteresis=1, name="loss_scale"):
     """Creates the scale's variables (once per name in a graph).
 
     Args:
@@ -49,11 +52,17 @@ class DynamicLossScale(object):
         exact).
       growth_steps: double the scale after this many applied steps in a row.
       floor: the smallest scale; skips at this scale are real faults.
+      hysteresis: halve the scale only on the hysteresis-th overflowing
+        (skipped) step in a row and on each one after it; an applied step
+        ends the streak. 1 (default): every skip halves it. Above 1 the
+        streak is a checkpointed variable, `<name>/overflow_streak`
+        (`spikes.OPTIONAL_STATE`: a checkpoint without it restores, the
+        streak starting at 0); at 1 there is none.
       name: variable name scope.
 
     Raises:
-      ValueError: for a non-positive scale, floor or growth_steps, or an
-        initial scale below the floor.
+      ValueError: for a non-positive scale, floor, growth_steps or
+        hysteresis, or an initial scale below the floor.
     """
     if (not floor > 0 or not initial_scale >= floor or
         not initial_scale <= MAX_SCALE):
@@ -63,7 +72,11 @@ class DynamicLossScale(object):
     if int(growth_steps) != growth_steps or growth_steps < 1:
       raise ValueError("loss scale: growth_steps must be an integer >= 1, got "
                        "%r" % (growth_steps,))
+    if int(hysteresis) != hysteresis or hysteresis < 1:
+      raise ValueError("loss scale: hysteresis must be an integer >= 1, got "
+                       "%r" % (hysteresis,))
     self._growth_steps = int(growth_steps)
+    self._hysteresis = int(hysteresis)
     self._floor = float(floor)
     self._initial_scale = float(initial_scale)
     with tf1.init_scope(), tf1.variable_scope(name, reuse=tf1.AUTO_REUSE):
@@ -77,10 +90,36 @@ class DynamicLossScale(object):
           floor_skips=tf1.get_variable(
               "floor_skips", initializer=tf.constant(0, tf.int64),
               trainable=False, use_resource=True))
+      # None at hysteresis 1: that graph, its checkpoints and its cost per
+      # step are those of a scale without hysteresis.
+      self._overflow_streak = None
+      if self._hysteresis > 1:
+        self._overflow_streak = tf1.get_variable(
+            "overflow_streak", initializer=tf.constant(0, tf.int64),
+            trainable=False, use_resource=True,
+            collections=[tf1.GraphKeys.GLOBAL_VARIABLES,
+                         spikes.OPTIONAL_STATE])
 
   @property
   def variables(self):
+    """The `LossScaleState` of the scale's variables (not the streak)."""
     return self._state
+
+  @property
+  def all_variables(self):
+    """Every variable of the scale: `variables`, then the streak if any."""
+    return list(self._state) + [v for v in [self._overflow_streak]
+                                if v is not None]
+
+  @property
+  def hysteresis(self):
+    return self._hysteresis
+
+  @property
+  def overflow_streak(self):
+    """int64 variable: overflowing steps in a row, at most `hysteresis`
+    (None at hysteresis 1)."""
+    return self._overflow_streak
 
   @property
   def floor(self):
@@ -130,25 +169,42 @@ class DynamicLossScale(object):
     # Capped, not merely kept finite: a scale that is not a power of two
     # would otherwise double past 2**127 up to float32's max.
     grown = tf.minimum(scale * 2.0, MAX_SCALE)
-    return tf.group(
+    updates = [
         tf1.assign(s.scale, tf.where(grow, grown, scale)),
         tf1.assign(s.good_steps, tf.where(grow, tf.zeros_like(good), good)),
-        tf1.assign(s.floor_skips, tf.constant(0, tf.int64)),
-        name="loss_scale_on_apply")
+        tf1.assign(s.floor_skips, tf.constant(0, tf.int64))]
+    if self._overflow_streak is not None:  # An applied step ends a streak.
+      updates.append(tf1.assign(self._overflow_streak,
+                                tf.constant(0, tf.int64)))
+    return tf.group(*updates, name="loss_scale_on_apply")
 
   def on_skip(self):
-    """Op for the skip branch: halve the scale (floor), count floor skips."""
+    """Op for the skip branch: halve the scale (floor), count floor skips.
+
+    With hysteresis N the scale halves only when this skip makes N (or more)
+    in a row; the streak is kept at N, so each later overflow in the same
+    streak halves it again (as DeepSpeed and Megatron-LM do once their
+    hysteresis is used up). Any skip resets the count of applied steps
+    toward growth.
+    """
     s = self._state
     scale = s.scale.read_value()
     at_floor = scale <= self._floor
     # An infinite scale (only from an old checkpoint) restarts at the top.
-    halved = tf.where(tf.math.is_finite(scale), scale * 0.5,
-                      tf.constant(MAX_SCALE, scale.dtype))
+    halved = tf.maximum(
+        tf.where(tf.math.is_finite(scale), scale * 0.5,
+                 tf.constant(MAX_SCALE, scale.dtype)), self._floor)
+    new_scale, streak_update = halved, []
+    if self._overflow_streak is not None:
+      streak = tf.minimum(self._overflow_streak.read_value() + 1,
+                          self._hysteresis)
+      new_scale = tf.where(streak >= self._hysteresis, halved, scale)
+      streak_update = [tf1.assign(self._overflow_streak, streak)]
     return tf.group(
-        tf1.assign(s.scale, tf.maximum(halved, self._floor)),
+        tf1.assign(s.scale, new_scale),
         tf1.assign(s.good_steps, tf.constant(0, tf.int64)),
         tf1.assign_add(s.floor_skips, tf.cast(at_floor, tf.int64)),
-        name="loss_scale_on_skip")
+        *streak_update, name="loss_scale_on_skip")
 
   def read_after(self, op):
     """The state read after `op` (e.g. the train op), for hooks."""

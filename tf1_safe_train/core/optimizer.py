@@ -266,7 +266,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._step_variables = (
         rollback.written_variables(update_ops) +
         list(counters_lib.skip_counters()) +
-        (list(self._loss_scale.variables) if self._loss_scale else []) +
+        (self._loss_scale.all_variables if self._loss_scale else []) +
         (detector.variables if detector else []) +
         ([global_step] if global_step is not None else []))
     self._run_step = write_check.Step(
@@ -341,7 +341,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     graph = tf1.get_default_graph()
     own = [v for v in self._own_variables if v.graph is graph]
     if self._loss_scale is not None:  # Made with the wrapper, not a step.
-      own += [v for v in self._loss_scale.variables if v.graph is graph]
+      own += [v for v in self._loss_scale.all_variables
+              if v.graph is graph]
     if (self._last_result is not None and
         self._last_result.applied.graph is graph):
       own = list(counters_lib.skip_counters(graph)) + own

@@ -152,6 +152,10 @@ def check_train(params):
          params.loss_scale_growth_steps >= 1,
          "--loss_scale_growth_steps=%r: must be an integer >= 1",
          params.loss_scale_growth_steps)
+  _check(checks.is_int(params.loss_scale_hysteresis) and
+         params.loss_scale_hysteresis >= 1,
+         "--loss_scale_hysteresis=%r: must be an integer >= 1 (1 = every "
+         "overflow halves the scale)", params.loss_scale_hysteresis)
   _check(isinstance(params.sync_replicas, bool),
          "--sync_replicas=%r: must be a boolean", params.sync_replicas)
   # The sync token that releases the replicas carries global_step; a skip

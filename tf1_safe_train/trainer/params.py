@@ -136,6 +136,10 @@ class TrainParams(object):
   loss_scale_growth_steps: int = _param(
       2000, "fp16: double the loss scale after this many applied steps in a "
       "row (a skip halves it, floor 1).")
+  loss_scale_hysteresis: int = _param(
+      1, "fp16: halve the loss scale only on the Nth overflowing (skipped) "
+      "step in a row and each one after it (an applied step ends the "
+      "streak); 1 = every overflow halves it.")
   # In a cluster; ignored on one machine.
   startup_timeout_secs: float = _param(
       600.0, "Cluster: how long a worker waits for the parameter servers "

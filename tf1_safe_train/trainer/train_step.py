@@ -179,7 +179,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
     loss_scale, scale = None, None
     if params.precision == "fp16":
       loss_scale = loss_scale_lib.DynamicLossScale(
-          params.initial_loss_scale, params.loss_scale_growth_steps)
+          params.initial_loss_scale, params.loss_scale_growth_steps,
+          hysteresis=params.loss_scale_hysteresis)
       # Read once per step, before the decision that may change it.
       scale = tf.identity(loss_scale.scale(), name="loss_scale_value")
 
