@@ -1,10 +1,13 @@
-"""The core library imports nothing of the trainer or its replication.
+"""The package's folders import one way: core <- inputs <- trainer <- cluster.
 
 A legacy script imports `tf1_safe_train` (core/) only; the trainer
-(trainer/) and its replication (cluster/) are built on it, never the other
-way round. Checked twice: statically (every import written in core/, also
-those inside functions) and by importing every core module in a fresh
-process.
+(trainer/, with its inputs data/ and models/) is built on it, and a
+cluster's replication (cluster/) on the trainer: its strategies subclass
+the trainer's `Local`, and //:train's main module hands one to the runner.
+Never the other way round, and no folder imports the binaries' main modules
+or cli.py, which sit above all. Checked statically (every import written in
+a folder's modules, also those inside functions), and for core also by
+importing every core module in a fresh process.
 """
 
 import ast
@@ -17,7 +20,20 @@ import tensorflow as tf
 import tf1_safe_train
 from tf1_safe_train import core
 
-_FORBIDDEN = ("tf1_safe_train.trainer", "tf1_safe_train.cluster")
+# The package's folders, lowest first: a module may import its own layer's
+# and those below, never one above (docs/layout.md says why). The last
+# layer is the binaries' main modules and their flag parsing.
+_LAYERS = (
+    ("core",),
+    ("data", "models"),
+    ("trainer",),
+    ("cluster",),
+    ("cli", "eval", "local_cluster", "replay", "train"),
+)
+_RANK = {name: rank for rank, layer in enumerate(_LAYERS) for name in layer}
+# What importing the core must not load: every layer above it.
+_ABOVE_CORE = tuple("tf1_safe_train." + name
+                    for layer in _LAYERS[1:] for name in layer)
 
 
 def _imported_modules(source):
@@ -28,7 +44,7 @@ def _imported_modules(source):
         yield node.lineno, alias.name
     elif isinstance(node, ast.ImportFrom):
       if node.level:
-        # Relative imports hide the target; core uses absolute ones only.
+        # Relative imports hide the target; the package uses absolute ones.
         yield node.lineno, "." * node.level + (node.module or "")
         continue
       for alias in node.names:
@@ -45,15 +61,45 @@ def _where_it_goes(name):
   return name
 
 
-def offending_imports(source):
-  """The imports in `source` that reach the trainer or cluster subpackages."""
+def _rank(target):
+  """The layer of the package's module `target` (dotted), or None if it is
+  not the package's."""
+  parts = target.split(".")
+  if parts[0] != "tf1_safe_train":
+    return None
+  if len(parts) == 1 or parts[1] in tf1_safe_train.__all__:
+    return _RANK["core"]  # The package's front: the core's public names.
+  # A name the layers do not know ranks above all: place it in _LAYERS.
+  return _RANK.get(parts[1], len(_LAYERS))
+
+
+def offending_imports(source, folder="core"):
+  """The imports in `source`, a module of `folder`, against the direction.
+
+  Returns:
+    ["line N: dotted.name"] for each import of a layer above `folder`'s
+    (old flat-package names resolved) and each relative import.
+  """
   bad = []
   for line, name in sorted(_imported_modules(source)):
-    target = _where_it_goes(name)
-    if name.startswith(".") or any(
-        target == p or target.startswith(p + ".") for p in _FORBIDDEN):
+    rank = _rank(_where_it_goes(name))
+    if name.startswith(".") or (rank is not None and rank > _RANK[folder]):
       bad.append("line %d: %s" % (line, name))
   return bad
+
+
+def _folders():
+  """The package's subpackages (folders), by name."""
+  directory = os.path.dirname(tf1_safe_train.__file__)
+  return sorted(f for f in os.listdir(directory)
+                if os.path.isfile(os.path.join(directory, f, "__init__.py")))
+
+
+def _modules_of(folder):
+  """The .py files of `folder` (its __init__.py included), by path."""
+  directory = os.path.join(os.path.dirname(tf1_safe_train.__file__), folder)
+  return sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                if f.endswith(".py"))
 
 
 def _core_modules():
@@ -73,25 +119,59 @@ class LayoutTest(tf.test.TestCase):
         "from tf1_safe_train import cluster\n"
         "import tf1_safe_train.cluster.replicas\n"
         "from tf1_safe_train import train_lib\n"
-        "from . import guard\n"),
+        "from . import guard\n"
+        "from tf1_safe_train import SkipNonFiniteOptimizer\n"
+        "from tf1_safe_train import data\n"),
                      ["line 4: tf1_safe_train.trainer.towers",
                       "line 5: tf1_safe_train.cluster",
                       "line 6: tf1_safe_train.cluster.replicas",
                       "line 7: tf1_safe_train.train_lib",
-                      "line 8: ."])
+                      "line 8: .",
+                      "line 10: tf1_safe_train.data"])
 
-  def testCoreSourcesImportNothingOfTheTrainer(self):
-    directory = os.path.dirname(core.__file__)
-    modules = _core_modules()
-    self.assertIn("optimizer", modules)
-    self.assertIn("guard", modules)
-    for module in modules:
-      with open(os.path.join(directory, module + ".py")) as f:
-        source = f.read()
-      with self.subTest(module=module):
-        self.assertEqual(offending_imports(source), [])
+  def testTheCheckKnowsTheDirection(self):
+    # The trainer may import core and its inputs, never the cluster (also by
+    # an old flat-package name) nor a binary's main module.
+    source = ("from tf1_safe_train.core import guard\n"
+              "from tf1_safe_train import data\n"
+              "from tf1_safe_train.trainer import towers\n"
+              "from tf1_safe_train.cluster import replication\n"
+              "from tf1_safe_train import replicas\n"
+              "from tf1_safe_train import cli\n"
+              "import tf1_safe_train.train\n"
+              "from tf1_safe_train import newfolder\n")
+    self.assertEqual(offending_imports(source, "trainer"),
+                     ["line 4: tf1_safe_train.cluster.replication",
+                      "line 5: tf1_safe_train.replicas",
+                      "line 6: tf1_safe_train.cli",
+                      "line 7: tf1_safe_train.train",
+                      "line 8: tf1_safe_train.newfolder"])
+    self.assertEqual(offending_imports(source, "cluster"),
+                     ["line 6: tf1_safe_train.cli",
+                      "line 7: tf1_safe_train.train",
+                      "line 8: tf1_safe_train.newfolder"])
 
-  def testImportingTheCoreLoadsNothingOfTheTrainer(self):
+  def testEveryFolderAndMainModuleHasItsLayer(self):
+    # A new folder must be placed before its imports can be checked.
+    self.assertEqual([f for f in _folders() if f not in _RANK], [])
+    directory = os.path.dirname(tf1_safe_train.__file__)
+    main_modules = sorted(f[:-3] for f in os.listdir(directory)
+                          if f.endswith(".py") and f != "__init__.py")
+    self.assertEqual(main_modules, sorted(_LAYERS[-1]))
+
+  def testEveryFolderImportsOnlyItsLayerAndBelow(self):
+    folders = _folders()
+    self.assertEqual(folders, ["cluster", "core", "data", "models",
+                               "trainer"])
+    for folder in folders:
+      for path in _modules_of(folder):
+        with open(path) as f:
+          source = f.read()
+        with self.subTest(module=os.path.join(folder,
+                                              os.path.basename(path))):
+          self.assertEqual(offending_imports(source, folder), [])
+
+  def testImportingTheCoreLoadsNothingAboveIt(self):
     # A fresh process: this one may have imported anything already. Also the
     # public names a legacy script uses, which load core modules lazily.
     script = "\n".join(
@@ -99,7 +179,7 @@ class LayoutTest(tf.test.TestCase):
         ["import tf1_safe_train.core.%s" % m for m in _core_modules()] +
         ["tf1_safe_train.%s" % name for name in tf1_safe_train.__all__] +
         ["print(sorted(m for m in sys.modules if m.startswith(%r)))"
-         % (_FORBIDDEN,)])
+         % (_ABOVE_CORE,)])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "-c", script], env=env,

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import train_dir_util
 from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import replication
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
@@ -300,10 +301,10 @@ class RollbackParamsTest(tf.test.TestCase):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     cluster = cluster_flags.from_flags("127.0.0.1:1", "127.0.0.1:2",
                                        "worker", 0)
+    params = _params(train_dir, startup_timeout_secs=2.0)
     with self.assertRaisesRegex(params_lib.ParamsError,
                                 "runs on one machine only"):
-      train_lib.train(_params(train_dir, startup_timeout_secs=2.0),
-                      cluster=cluster)
+      train_lib.train(params, strategy=replication.make(params, cluster))
     self.assertEqual(os.listdir(train_dir), [])
 
   def testSaysWhyNoCheckpointQualifiesInTheFlagsTerms(self):

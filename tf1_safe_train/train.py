@@ -105,6 +105,7 @@ def _run(cluster):
   tf = cli.import_tensorflow(logging.INFO)
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train.cluster import replicas
+  from tf1_safe_train.cluster import replication
   from tf1_safe_train.data import cifar10
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
@@ -135,7 +136,9 @@ def _run(cluster):
         "%d tower(s); lower --batch_size (or --num_towers); TensorFlow's "
         "oneDNN kernels crash when an allocation fails" % (
             params.batch_size, params.num_towers)))
-    summary = train_lib.train(params, cluster=cluster)
+    # The trainer is built without the cluster: its strategy comes from here.
+    summary = train_lib.train(
+        params, strategy=replication.make(params, cluster))
   except (params_lib.ParamsError, cifar10.DataError,
           injection.InjectionSpecError, train_lib.TrainDirError,
           checkpoints.CheckpointError) as e:

@@ -1,9 +1,10 @@
 """The trainer's runner: the session, its hooks, the run summary.
 
 `train(params)` builds the step (`train_step.build_step`) as the run's
-replication strategy places and decides it (`replication`: one process, or
-one worker of a between-graph cluster, asynchronous or synchronous), runs it
-under a MonitoredSession until the run ends and writes
+replication strategy places and decides it (`local_replication.Local`, or
+the one a binary passes: a worker of a between-graph cluster, asynchronous
+or synchronous, `tf1_safe_train.cluster.replication`), runs it under a
+MonitoredSession until the run ends and writes
 `<train_dir>/run_summary.json`.
 """
 
@@ -14,7 +15,6 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train import data
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import exclusion
@@ -22,6 +22,7 @@ from tf1_safe_train.trainer import finite_state
 from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import hooks as hooks_lib
 from tf1_safe_train.trainer import last_good
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
@@ -35,31 +36,30 @@ tf1 = tf.compat.v1
 TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
 
-def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
-          strategy=None):
+def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
   """Trains as `params` says and returns the run summary (a dict).
 
   Args:
     params: validated `params.TrainParams`.
-    cluster: a `cluster.ClusterConfig` whose job is 'worker', to train as
-      that worker of the cluster (this process starts its gRPC server).
     extra_hooks: more `SessionRunHook`s, run after the trainer's.
     dataset_fn: optional input pipeline in place of `params.dataset`'s (see
       `train_step.build_step`).
-    strategy: a `replication` strategy in place of the one `params` and
-      `cluster` make (`replication.make`), e.g. `replication.Local` with
-      other towers or another session target.
+    strategy: the run's replication strategy (default:
+      `local_replication.Local(params)`), e.g. a `Local` with other towers
+      or another session target, or a cluster worker's
+      (`tf1_safe_train.cluster.replication.make`; its `start` starts this
+      process's gRPC server).
 
   Returns:
     The dict also written to `run_summary.json` (by the chief).
 
   Raises:
-    cluster.ClusterError: if this task's server cannot start, or
-      (`ClusterUnreachableError`) a ps does not answer within
-      `params.startup_timeout_secs`.
+    cluster.ClusterError: (a cluster worker's strategy) if this task's
+      server cannot start, or (`ClusterUnreachableError`) a ps does not
+      answer within `params.startup_timeout_secs`.
   """
   params.validate()
-  strategy = strategy or replication.make(params, cluster)
+  strategy = strategy or local_replication.Local(params)
   if strategy.in_cluster and recovery.refusal_in_cluster(params):
     raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
   is_chief = strategy.is_chief
