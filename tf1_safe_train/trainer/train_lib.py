@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from tf1_safe_train import data
 from tf1_safe_train.trainer import checkpoint_fit
+from tf1_safe_train.trainer import checkpoint_rollback
+from tf1_safe_train.trainer import checkpoint_rollback_target
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import exclusion
 from tf1_safe_train.trainer import finite_state
@@ -24,7 +26,6 @@ from tf1_safe_train.trainer import hooks as hooks_lib
 from tf1_safe_train.trainer import last_good
 from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import stop_signals
 from tf1_safe_train.trainer import train_dir as train_dir_lib
@@ -60,8 +61,9 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
   """
   params.validate()
   strategy = strategy or local_replication.Local(params)
-  if strategy.in_cluster and recovery.refusal_in_cluster(params):
-    raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
+  if strategy.in_cluster and checkpoint_rollback.refusal_in_cluster(params):
+    raise params_lib.ParamsError(
+        checkpoint_rollback.refusal_in_cluster(params))
   is_chief = strategy.is_chief
   if is_chief:
     train_dir_lib.check(params.train_dir)
@@ -89,7 +91,7 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
         # the others waiting; its streak ends the run there. (`give_up` is
         # made below, before the session runs.)
         on_model=None if strategy.in_cluster else (
-            lambda context, at: recovery.act_on_model_fault(
+            lambda context, at: checkpoint_rollback.act_on_model_fault(
                 give_up, context, at)))
     examples_per_step = params.batch_size * strategy.tower_config.num_towers
     first_step_time = None
@@ -98,8 +100,8 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
         **({"loss_scale": step.loss_scale.scale} if step.loss_scale else {})))
     # With a loss scale, skips that halve it are expected overflows; only
     # skips at the floor scale are faults that count toward giving up.
-    # (Or rolls back instead: `recovery`.)
-    give_up = recovery.give_up_hook(
+    # (Or rolls back instead: `checkpoint_rollback`.)
+    give_up = checkpoint_rollback.give_up_hook(
         params, step.loss_scale.floor_skips if step.loss_scale
         else step.counters.consecutive_skips, step)
 
@@ -108,7 +110,7 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
       summary = _summary(params, stats, give_up, on_signal, state_hook.report,
                          first_step_time, start, time.time(),
                          examples_per_step, strategy, exit_reason,
-                         recovery.model_fault(give_up, explain))
+                         checkpoint_rollback.model_fault(give_up, explain))
       summary["forensics"] = dict(explain.summary(),
                                   excluded_examples=excluded,
                                   **forensics.totals(params.train_dir))
@@ -153,14 +155,14 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
         var_list=checkpoint_fit.saver_var_list(resume,
                                                tf1.global_variables()),
         fresh=checkpoint_fit.fresh_variables(resume, tf1.global_variables()),
-        max_to_keep=recovery.keep_checkpoint_max(params),
+        max_to_keep=checkpoint_rollback_target.keep_checkpoint_max(params),
         save_relative_paths=True,
         # Pruning spares the last checkpoint before a skip streak.
         streak_start=last_good.streak_start(
             step.variables["global_step"],
             step.variables["counters"].consecutive_skips,
             params.increment_global_step_on_skip))
-    if isinstance(give_up, recovery.RollbackHook):
+    if isinstance(give_up, checkpoint_rollback.RollbackHook):
       give_up.attach(resume)
     scaffold = tf1.train.Scaffold(saver=saver)
     on_signal.install()
@@ -199,7 +201,7 @@ def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
   if model_fault is not None:
     summary["model_fault_step"] = model_fault
   summary.update(fields)
-  summary.update(recovery.summary_fields(give_up))
+  summary.update(checkpoint_rollback.summary_fields(give_up))
   return summary
 
 
