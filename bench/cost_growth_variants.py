@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from bench import guard_overhead_lib
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train import models
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_step
@@ -177,7 +177,7 @@ def _build_trainer(workload, config, images, labels):
   with mock.patch.object(train_step.models, "get_model",
                          lambda unused_name: fn):
     step = train_step.build_step(
-        params, replication.Local(params, config),
+        params, local_replication.Local(params, config),
         dataset_fn=lambda unused_batch, unused_seed: _dataset_with_ids(
             images, labels))
   return step.train_op, _no_skips()

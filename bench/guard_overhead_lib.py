@@ -26,11 +26,11 @@ import tensorflow as tf
 from bench import memory
 from bench import run_check_cost
 from bench import timing
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import towers
@@ -214,7 +214,7 @@ def _trainer_step(model, images, labels, learning_rate, **spikes):
       # The other variants' loss is the cross-entropy alone.
       weight_decay=0.0, **spikes).validate()
   graph = train_step.build_step(
-      params, replication.Local(params, towers.TowerConfig(1, "cpu")),
+      params, local_replication.Local(params, towers.TowerConfig(1, "cpu")),
       dataset_fn=lambda unused_batch_size, unused_seed: _fixed_dataset(
           images, labels))
   return graph

@@ -15,8 +15,8 @@ import time
 import tensorflow as tf
 
 from bench import timing
-from tf1_safe_train.cluster import replication
 from tf1_safe_train import data
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_step
@@ -84,7 +84,7 @@ def build_trainer(model, num_towers, batch_size, seed=0):
   with graph.as_default():
     tf1.set_random_seed(seed)
     train_op = train_step.build_step(
-        params, replication.Local(params, config)).train_op
+        params, local_replication.Local(params, config)).train_op
     init = tf1.global_variables_initializer()
   graph.finalize()
   session = tf1.Session(graph=graph, config=towers.session_config(config))

@@ -22,6 +22,7 @@ import tensorflow as tf
 import binaries
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
+from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import run_summary
@@ -280,7 +281,8 @@ class InProcessClusterTest(tf.test.TestCase):
                           args=(cluster.for_task("ps", 0), params),
                           daemon=True)
     ps.start()
-    summary = train_lib.train(params, cluster=cluster)
+    summary = train_lib.train(
+        params, strategy=replication.make(params, cluster))
     ps.join(60)
     self.assertFalse(ps.is_alive(), "the ps did not end with the run")
     return train_dir, summary

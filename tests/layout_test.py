@@ -1,10 +1,16 @@
-"""The core library imports nothing of the trainer or its replication.
+"""The package's folders import one way: core <- inputs <- trainer <- cluster.
 
 A legacy script imports `tf1_safe_train` (core/) only; the trainer
-(trainer/) and its replication (cluster/) are built on it, never the other
-way round. Checked twice: statically (every import written in core/, also
-those inside functions) and by importing every core module in a fresh
-process.
+(trainer/, with its inputs data/ and models/) is built on it, and a
+cluster's replication (cluster/) on the trainer: its strategies subclass
+the trainer's `Local`, and //:train's main module hands one to the runner.
+Never the other way round, and no folder imports the binaries' main modules
+or cli.py, which sit above all. Checked statically (every import written in
+a folder's modules, also those inside functions), and for core also by
+importing every core module in a fresh process.
+
+And the sizes that keep the house readable: no module over 300 lines, no
+function of the step or the runner over 60 code lines.
 """
 
 import ast
@@ -17,7 +23,34 @@ import tensorflow as tf
 import tf1_safe_train
 from tf1_safe_train import core
 
-_FORBIDDEN = ("tf1_safe_train.trainer", "tf1_safe_train.cluster")
+# The package's folders, lowest first: a module may import its own layer's
+# and those below, never one above (docs/layout.md says why). The last
+# layer is the binaries' main modules and their flag parsing.
+_LAYERS = (
+    ("core",),
+    ("data", "models"),
+    ("trainer",),
+    ("cluster",),
+    ("cli", "eval", "local_cluster", "replay", "train"),
+)
+_RANK = {name: rank for rank, layer in enumerate(_LAYERS) for name in layer}
+# What importing the core must not load: every layer above it.
+_ABOVE_CORE = tuple("tf1_safe_train." + name
+                    for layer in _LAYERS[1:] for name in layer)
+
+# One concept per module, each small (the style guide's "under ~300").
+_MAX_MODULE_LINES = 300
+# Over the limit on this branch, brought under it by other branches (issue
+# 24): the integrator empties this set once they are merged. An entry no
+# longer over the limit fails the test, so that the set only shrinks.
+_KNOWN_OVER = {"core/optimizer.py", "core/spikes.py", "core/step_report.py"}
+
+# The step and the runner, read top to bottom: no function of theirs over
+# this many code lines (`code_lines`).
+_MAX_FUNCTION_CODE_LINES = 60
+_STEP_AND_RUNNER = ("trainer/train_step.py", "trainer/train_lib.py")
+# As _KNOWN_OVER: split on another branch of issue 24; emptied after merging.
+_KNOWN_LONG = {"trainer/train_step.py:build_step"}
 
 
 def _imported_modules(source):
@@ -28,7 +61,7 @@ def _imported_modules(source):
         yield node.lineno, alias.name
     elif isinstance(node, ast.ImportFrom):
       if node.level:
-        # Relative imports hide the target; core uses absolute ones only.
+        # Relative imports hide the target; the package uses absolute ones.
         yield node.lineno, "." * node.level + (node.module or "")
         continue
       for alias in node.names:
@@ -45,15 +78,109 @@ def _where_it_goes(name):
   return name
 
 
-def offending_imports(source):
-  """The imports in `source` that reach the trainer or cluster subpackages."""
+def _rank(target):
+  """The layer of the package's module `target` (dotted), or None if it is
+  not the package's."""
+  parts = target.split(".")
+  if parts[0] != "tf1_safe_train":
+    return None
+  if len(parts) == 1 or parts[1] in tf1_safe_train.__all__:
+    return _RANK["core"]  # The package's front: the core's public names.
+  # A name the layers do not know ranks above all: place it in _LAYERS.
+  return _RANK.get(parts[1], len(_LAYERS))
+
+
+def offending_imports(source, folder="core"):
+  """The imports in `source`, a module of `folder`, against the direction.
+
+  Returns:
+    ["line N: dotted.name"] for each import of a layer above `folder`'s
+    (old flat-package names resolved) and each relative import.
+  """
   bad = []
   for line, name in sorted(_imported_modules(source)):
-    target = _where_it_goes(name)
-    if name.startswith(".") or any(
-        target == p or target.startswith(p + ".") for p in _FORBIDDEN):
+    rank = _rank(_where_it_goes(name))
+    if name.startswith(".") or (rank is not None and rank > _RANK[folder]):
       bad.append("line %d: %s" % (line, name))
   return bad
+
+
+def _folders():
+  """The package's subpackages (folders), by name."""
+  directory = os.path.dirname(tf1_safe_train.__file__)
+  return sorted(f for f in os.listdir(directory)
+                if os.path.isfile(os.path.join(directory, f, "__init__.py")))
+
+
+def _modules_of(folder):
+  """The .py files of `folder` (its __init__.py included), by path."""
+  directory = os.path.join(os.path.dirname(tf1_safe_train.__file__), folder)
+  return sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                if f.endswith(".py"))
+
+
+def _package_modules():
+  """Every .py file of the package, relative to it (core/guard.py, cli.py)."""
+  top = os.path.dirname(tf1_safe_train.__file__)
+  return sorted(os.path.relpath(os.path.join(d, f), top)
+                for d, _, files in os.walk(top) for f in files
+                if f.endswith(".py"))
+
+
+def over_long_modules(lengths, limit=_MAX_MODULE_LINES):
+  """["path: N lines"] of the modules in `lengths` ({path: lines}) over
+  `limit`."""
+  return ["%s: %d lines" % (path, n) for path, n in sorted(lengths.items())
+          if n > limit]
+
+
+def _docstring_lines(tree):
+  """The line numbers of every docstring (module, class, function) in
+  `tree`."""
+  lines = set()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                         ast.AsyncFunctionDef)) and node.body:
+      first = node.body[0]
+      if (isinstance(first, ast.Expr) and
+          isinstance(first.value, ast.Constant) and
+          isinstance(first.value.value, str)):
+        lines.update(range(first.lineno, first.end_lineno + 1))
+  return lines
+
+
+def code_lines(source):
+  """{function: its code lines} of every function in `source`.
+
+  A function's code lines are the lines from its `def` to its end that are
+  neither blank, nor a comment, nor part of a docstring (its own or a
+  nested function's); a nested function's lines count for the function
+  around it too. Methods are named `Class.method`, nested functions
+  `outer.inner`.
+  """
+  tree = ast.parse(source)
+  text = source.splitlines()
+  docstrings = _docstring_lines(tree)
+
+  def count(node):
+    return sum(1 for n in range(node.lineno, node.end_lineno + 1)
+               if n not in docstrings and text[n - 1].strip() and
+               not text[n - 1].strip().startswith("#"))
+
+  found = {}
+
+  def visit(node, prefix):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        found[prefix + child.name] = count(child)
+        visit(child, prefix + child.name + ".")
+      elif isinstance(child, ast.ClassDef):
+        visit(child, prefix + child.name + ".")
+      else:
+        visit(child, prefix)
+
+  visit(tree, "")
+  return found
 
 
 def _core_modules():
@@ -73,25 +200,122 @@ class LayoutTest(tf.test.TestCase):
         "from tf1_safe_train import cluster\n"
         "import tf1_safe_train.cluster.replicas\n"
         "from tf1_safe_train import train_lib\n"
-        "from . import guard\n"),
+        "from . import guard\n"
+        "from tf1_safe_train import SkipNonFiniteOptimizer\n"
+        "from tf1_safe_train import data\n"),
                      ["line 4: tf1_safe_train.trainer.towers",
                       "line 5: tf1_safe_train.cluster",
                       "line 6: tf1_safe_train.cluster.replicas",
                       "line 7: tf1_safe_train.train_lib",
-                      "line 8: ."])
+                      "line 8: .",
+                      "line 10: tf1_safe_train.data"])
 
-  def testCoreSourcesImportNothingOfTheTrainer(self):
-    directory = os.path.dirname(core.__file__)
-    modules = _core_modules()
-    self.assertIn("optimizer", modules)
-    self.assertIn("guard", modules)
-    for module in modules:
-      with open(os.path.join(directory, module + ".py")) as f:
-        source = f.read()
-      with self.subTest(module=module):
-        self.assertEqual(offending_imports(source), [])
+  def testTheCheckKnowsTheDirection(self):
+    # The trainer may import core and its inputs, never the cluster (also by
+    # an old flat-package name) nor a binary's main module.
+    source = ("from tf1_safe_train.core import guard\n"
+              "from tf1_safe_train import data\n"
+              "from tf1_safe_train.trainer import towers\n"
+              "from tf1_safe_train.cluster import replication\n"
+              "from tf1_safe_train import replicas\n"
+              "from tf1_safe_train import cli\n"
+              "import tf1_safe_train.train\n"
+              "from tf1_safe_train import newfolder\n")
+    self.assertEqual(offending_imports(source, "trainer"),
+                     ["line 4: tf1_safe_train.cluster.replication",
+                      "line 5: tf1_safe_train.replicas",
+                      "line 6: tf1_safe_train.cli",
+                      "line 7: tf1_safe_train.train",
+                      "line 8: tf1_safe_train.newfolder"])
+    self.assertEqual(offending_imports(source, "cluster"),
+                     ["line 6: tf1_safe_train.cli",
+                      "line 7: tf1_safe_train.train",
+                      "line 8: tf1_safe_train.newfolder"])
 
-  def testImportingTheCoreLoadsNothingOfTheTrainer(self):
+  def testEveryFolderAndMainModuleHasItsLayer(self):
+    # A new folder must be placed before its imports can be checked.
+    self.assertEqual([f for f in _folders() if f not in _RANK], [])
+    directory = os.path.dirname(tf1_safe_train.__file__)
+    main_modules = sorted(f[:-3] for f in os.listdir(directory)
+                          if f.endswith(".py") and f != "__init__.py")
+    self.assertEqual(main_modules, sorted(_LAYERS[-1]))
+
+  def testEveryFolderImportsOnlyItsLayerAndBelow(self):
+    folders = _folders()
+    self.assertEqual(folders, ["cluster", "core", "data", "models",
+                               "trainer"])
+    for folder in folders:
+      for path in _modules_of(folder):
+        with open(path) as f:
+          source = f.read()
+        with self.subTest(module=os.path.join(folder,
+                                              os.path.basename(path))):
+          self.assertEqual(offending_imports(source, folder), [])
+
+  def testTheLengthCheckNamesEachModuleOverTheLimit(self):
+    self.assertEqual(
+        over_long_modules({"core/a.py": 300, "trainer/b.py": 301,
+                           "cli.py": 400}),
+        ["cli.py: 400 lines", "trainer/b.py: 301 lines"])
+
+  def testNoModuleIsOverThreeHundredLines(self):
+    top = os.path.dirname(tf1_safe_train.__file__)
+    lengths = {}
+    for path in _package_modules():
+      with open(os.path.join(top, path)) as f:
+        lengths[path] = len(f.read().splitlines())
+    self.assertIn("trainer/train_lib.py", lengths)
+    over = over_long_modules(lengths)
+    known = ["%s: %d lines" % (path, lengths[path]) for path in _KNOWN_OVER
+             if lengths.get(path, 0) > _MAX_MODULE_LINES]
+    self.assertEqual(sorted(set(over) - set(known)), [],
+                     "split these modules by concept")
+    self.assertEqual(
+        sorted(_KNOWN_OVER - {line.split(":")[0] for line in known}), [],
+        "no longer over the limit: remove them from _KNOWN_OVER")
+
+  def testCodeLinesCountNeitherBlanksNorCommentsNorDocstrings(self):
+    self.assertEqual(code_lines(
+        "def f(a,\n"
+        "      b):\n"
+        '  """Doc.\n'
+        "\n"
+        '  More."""\n'
+        "  # A comment.\n"
+        "\n"
+        "  def g():\n"
+        '    """Doc."""\n'
+        '    return """a\n'
+        "\n"
+        'b"""\n'
+        "  return g\n"
+        "class C(object):\n"
+        '  """Doc."""\n'
+        "  def m(self):\n"
+        "    pass\n"),
+                     {"f": 6, "f.g": 3, "C.m": 2})
+
+  def testNoFunctionOfTheStepOrRunnerIsOverSixtyCodeLines(self):
+    top = os.path.dirname(tf1_safe_train.__file__)
+    long_ones, known = [], set()
+    for path in _STEP_AND_RUNNER:
+      with open(os.path.join(top, path)) as f:
+        lengths = code_lines(f.read())
+      self.assertIn("train" if path.endswith("lib.py") else "build_step",
+                    lengths)
+      for function, n in sorted(lengths.items()):
+        name = "%s:%s" % (path, function)
+        if n <= _MAX_FUNCTION_CODE_LINES:
+          continue
+        if name in _KNOWN_LONG:
+          known.add(name)
+        else:
+          long_ones.append("%s: %d code lines" % (name, n))
+    self.assertEqual(long_ones, [], "split these functions by concept")
+    self.assertEqual(sorted(_KNOWN_LONG - known), [],
+                     "no longer over the limit: remove them from _KNOWN_LONG")
+
+  def testImportingTheCoreLoadsNothingAboveIt(self):
     # A fresh process: this one may have imported anything already. Also the
     # public names a legacy script uses, which load core modules lazily.
     script = "\n".join(
@@ -99,7 +323,7 @@ class LayoutTest(tf.test.TestCase):
         ["import tf1_safe_train.core.%s" % m for m in _core_modules()] +
         ["tf1_safe_train.%s" % name for name in tf1_safe_train.__all__] +
         ["print(sorted(m for m in sys.modules if m.startswith(%r)))"
-         % (_FORBIDDEN,)])
+         % (_ABOVE_CORE,)])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "-c", script], env=env,

@@ -19,8 +19,8 @@ import tensorflow as tf
 import binaries
 from tf1_safe_train import cli
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import checkpoint_rollback_window
 from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import rollback_window
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
@@ -137,11 +137,12 @@ class NotAFileTest(_Case):
     self.assertTrainRefuses("skips.jsonl is a dangling symlink")
 
   def testRollbackWindowsIsADirectory(self):
-    self.replaceWith(rollback_window.path(self.train_dir), "directory")
+    self.replaceWith(checkpoint_rollback_window.path(self.train_dir),
+                     "directory")
     self.assertTrainRefuses("rollback_windows.jsonl is a directory")
 
   def testRollbackWindowsIsADanglingSymlink(self):
-    self.replaceWith(rollback_window.path(self.train_dir), "symlink")
+    self.replaceWith(checkpoint_rollback_window.path(self.train_dir), "symlink")
     self.assertTrainRefuses("rollback_windows.jsonl is a dangling symlink")
 
   def testLockIsADirectory(self):
@@ -156,7 +157,7 @@ class NotAFileTest(_Case):
 class RollbackWindowRecordsTest(_Case):
 
   def testHugeFloatId(self):
-    skip_log.append(rollback_window.path(self.train_dir), {
+    skip_log.append(checkpoint_rollback_window.path(self.train_dir), {
         "step": 3, "worker": 0, "time": 0.0, "reason": "rollback_window",
         "towers": [], "data_window": [1, 2], "example_ids": [1e23],
         "steps_without_ids": 0})

@@ -1,13 +1,13 @@
 """--on_persistent_skips=rollback as a user runs it: killed, restarted, refused.
 
 The trainer (`//:train` as a process) runs the rollback drill of
-recovery_test.py and is SIGKILLed the moment the streak that triggers the
-rollback is complete (the log reports its last skip, in the same hook round
-as the rollback): whether the kill lands before, during or after the
-restore, every listed checkpoint stays complete, finite and consistent, and
-the restart resumes from the latest of them and ends with the counts of an
-uninterrupted run. In a cluster, and with a bad value, the flag is refused
-in one line.
+checkpoint_rollback_test.py and is SIGKILLed the moment the streak that
+triggers the rollback is complete (the log reports its last skip, in the
+same hook round as the rollback): whether the kill lands before, during or
+after the restore, every listed checkpoint stays complete, finite and
+consistent, and the restart resumes from the latest of them and ends with
+the counts of an uninterrupted run. In a cluster, and with a bad value, the
+flag is refused in one line.
 """
 
 import os

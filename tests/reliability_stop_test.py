@@ -122,8 +122,8 @@ class HugeFetchHook(tf1.train.SessionRunHook):
                                       feed_dict={self._size: [2**40]})
 
 real_train = train_lib.train
-train_lib.train = lambda params, cluster=None: real_train(
-    params, cluster=cluster, extra_hooks=[HugeFetchHook()])
+train_lib.train = lambda params, **kwargs: real_train(
+    params, extra_hooks=[HugeFetchHook()], **kwargs)
 app.run(train.main, flags_parser=cli.flags_parser("train"))
 """
 
@@ -142,8 +142,8 @@ class BlockedEndHook(tf.compat.v1.train.SessionRunHook):
     time.sleep(3600)
 
 real_train = train_lib.train
-train_lib.train = lambda params, cluster=None: real_train(
-    params, cluster=cluster, extra_hooks=[BlockedEndHook()])
+train_lib.train = lambda params, **kwargs: real_train(
+    params, extra_hooks=[BlockedEndHook()], **kwargs)
 app.run(train.main, flags_parser=cli.flags_parser("train"))
 """
 

@@ -13,7 +13,7 @@ import os
 import tensorflow as tf
 
 from tf1_safe_train import data
-from tf1_safe_train.cluster import replication
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import tower_input
 from tf1_safe_train.trainer import train_lib
@@ -45,7 +45,7 @@ class ReplayInputTest(tf.test.TestCase):
         train_dir=self.get_temp_dir(), num_towers=2, device="cpu",
         batch_size=4, inject_nonfinite="nan@0:1").validate()
     with tf.Graph().as_default():
-      strategy = replication.Local(params)
+      strategy = local_replication.Local(params)
       with strategy.device():
         step = train_step.build_step(params, strategy)
       forensics = step.forensics

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from bench import cost_growth_variants
 from bench import executed_ops
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import hooks
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_step
@@ -75,8 +75,9 @@ def _skip_report(values):
   with tf.Graph().as_default():
     with mock.patch.object(train_step.models, "get_model",
                            lambda unused_name: _gradient_model(values)):
-      step = train_step.build_step(params, replication.Local(params, config),
-                                   dataset_fn=_dataset)
+      step = train_step.build_step(
+          params, local_replication.Local(params, config),
+          dataset_fn=_dataset)
     report = step.report
     with tf1.Session(config=towers.session_config(config)) as sess:
       sess.run(tf1.global_variables_initializer())

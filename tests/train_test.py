@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 import train_dir_util
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import cond_walk
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import towers
@@ -44,7 +44,7 @@ class TrainTest(tf.test.TestCase):
     # decision's skip branch only.
     params = _params(self._train_dir("graph"), num_towers=1, model="resnet20")
     with tf.Graph().as_default() as graph:
-      step = train_step.build_step(params, replication.Local(params))
+      step = train_step.build_step(params, local_replication.Local(params))
       # The replay probes' checks run only when a skip is replayed.
       fused = [op for op in graph.get_operations() if op.type == "IsFinite"
                and "/nonfinite_probe/" not in op.name]

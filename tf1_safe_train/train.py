@@ -105,10 +105,11 @@ def _run(cluster):
   tf = cli.import_tensorflow(logging.INFO)
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train.cluster import replicas
+  from tf1_safe_train.cluster import replication
   from tf1_safe_train.data import cifar10
+  from tf1_safe_train.trainer import checkpoint_rollback
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
-  from tf1_safe_train.trainer import recovery
   from tf1_safe_train.trainer import run_summary
   from tf1_safe_train.trainer import train_lib
   # pylint: enable=g-import-not-at-top
@@ -118,9 +119,10 @@ def _run(cluster):
     injection.validate(injection.parse_spec(params.inject_nonfinite),
                        params.num_towers,
                        cluster.num_workers if cluster else 1)
-    if cluster is not None and recovery.refusal_in_cluster(params):
+    if cluster is not None and checkpoint_rollback.refusal_in_cluster(params):
       # Every task, so no ps serves workers that refused to start.
-      raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
+      raise params_lib.ParamsError(
+          checkpoint_rollback.refusal_in_cluster(params))
     if cluster is not None and cluster.job_name == cluster_lib.PS:
       # A ps blocks in TensorFlow (a Python handler would never run);
       # Ctrl-C and SIGTERM must end it at once.
@@ -135,7 +137,9 @@ def _run(cluster):
         "%d tower(s); lower --batch_size (or --num_towers); TensorFlow's "
         "oneDNN kernels crash when an allocation fails" % (
             params.batch_size, params.num_towers)))
-    summary = train_lib.train(params, cluster=cluster)
+    # The trainer is built without the cluster: its strategy comes from here.
+    summary = train_lib.train(
+        params, strategy=replication.make(params, cluster))
   except (params_lib.ParamsError, cifar10.DataError,
           injection.InjectionSpecError, train_lib.TrainDirError,
           checkpoints.CheckpointError) as e:

@@ -5,14 +5,14 @@ a record whose replay found evidence of data (`exclude`: see `replay_lib`)
 names its examples: the rows of the input that held NaN/Inf (`replay.input_ids`)
 or, when the input was finite (the batch drove the model non-finite), the
 offending tower's whole batch. It also reads the data windows rollbacks
-abandoned (`rollback_window`): a restarted process must not feed them again
-either. The input pipeline drops them by id.
+abandoned (`checkpoint_rollback_window`): a restarted process must not feed
+them again either. The input pipeline drops them by id.
 """
 
 import numpy as np
 
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import rollback_window
+from tf1_safe_train.trainer import checkpoint_rollback_window
 from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 
@@ -36,7 +36,7 @@ def _records(train_dir):
   """(skip records, rollback windows) of `train_dir`, validated."""
   try:
     return (skip_log.read_all(train_dir),
-            rollback_window.excluded_ids(train_dir))
+            checkpoint_rollback_window.excluded_ids(train_dir))
   except skip_log.SkipLogError as e:
     raise train_dir_lib.TrainDirError(
         "%s (repair or move the file, or train with "
@@ -77,7 +77,7 @@ def excluded(train_dir, data_ids_fn=None, batch_size=1):
       named.append(_ids_of(record))
       steps.append({"step": record["step"], "worker": record["worker"]})
   for at_step, window_ids in windows:
-    named.append((rollback_window.REASON, window_ids))
+    named.append((checkpoint_rollback_window.REASON, window_ids))
     rollbacks.append(at_step)
   data_ids = data_ids_fn() if named and data_ids_fn else None
   ids, unknown, by_reason = set(), set(), {}

@@ -12,9 +12,9 @@ import os
 
 import tensorflow as tf
 
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import forensics
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import towers
@@ -158,7 +158,7 @@ def replay_recorded(train_dir, step, worker=0, number=0):
     return tf.data.Dataset.from_tensors((images, labels, ids)).repeat()
 
   with tf.Graph().as_default():
-    strategy = replication.Local(params)
+    strategy = local_replication.Local(params)
     built = train_step.build_step(params, strategy, dataset_fn=dataset_fn)
     config = towers.session_config(strategy.tower_config)
     with tf1.Session(config=config) as session:

@@ -22,7 +22,7 @@ tf1 = tf.compat.v1
 
 INPUT_DEVICE = "/device:CPU:0"
 # Each tower's example ids tensor of the step (what a rollback's window
-# keeps: `rollback_window`).
+# keeps: `checkpoint_rollback_window`).
 EXAMPLE_IDS_COLLECTION = "tf1_safe_train_example_ids"
 
 

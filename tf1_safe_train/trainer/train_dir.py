@@ -17,7 +17,7 @@ import re
 import socket
 
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import rollback_window
+from tf1_safe_train.trainer import checkpoint_rollback_window
 
 LOCK_FILE = "train.lock"
 # What a run of ours leaves in its train_dir (see train_lib, eval_lib).
@@ -77,7 +77,8 @@ def _check_read_back(train_dir, names):
   dangling symlink), before anything is written."""
   logs = [n for n in names if n.startswith("skips-worker") and
           n.endswith(".jsonl")]
-  for name in [LOCK_FILE, skip_log.FILENAME, rollback_window.FILENAME] + logs:
+  for name in [LOCK_FILE, skip_log.FILENAME,
+               checkpoint_rollback_window.FILENAME] + logs:
     problem = skip_log.file_problem(os.path.join(train_dir, name))
     if problem:
       raise TrainDirError("%s %s: remove it (a run writes a file there)" %

@@ -1,9 +1,10 @@
 """The trainer's runner: the session, its hooks, the run summary.
 
 `train(params)` builds the step (`train_step.build_step`) as the run's
-replication strategy places and decides it (`replication`: one process, or
-one worker of a between-graph cluster, asynchronous or synchronous), runs it
-under a MonitoredSession until the run ends and writes
+replication strategy places and decides it (`local_replication.Local`, or
+the one a binary passes: a worker of a between-graph cluster, asynchronous
+or synchronous, `tf1_safe_train.cluster.replication`), runs it under a
+MonitoredSession until the run ends and writes
 `<train_dir>/run_summary.json`.
 """
 
@@ -14,16 +15,17 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train import data
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.trainer import checkpoint_fit
+from tf1_safe_train.trainer import checkpoint_rollback
+from tf1_safe_train.trainer import checkpoint_rollback_target
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import exclusion
 from tf1_safe_train.trainer import finite_state
 from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import hooks as hooks_lib
 from tf1_safe_train.trainer import last_good
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import stop_signals
 from tf1_safe_train.trainer import train_dir as train_dir_lib
@@ -35,38 +37,67 @@ tf1 = tf.compat.v1
 TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
 
-def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
-          strategy=None):
+def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
   """Trains as `params` says and returns the run summary (a dict).
 
   Args:
     params: validated `params.TrainParams`.
-    cluster: a `cluster.ClusterConfig` whose job is 'worker', to train as
-      that worker of the cluster (this process starts its gRPC server).
     extra_hooks: more `SessionRunHook`s, run after the trainer's.
     dataset_fn: optional input pipeline in place of `params.dataset`'s (see
       `train_step.build_step`).
-    strategy: a `replication` strategy in place of the one `params` and
-      `cluster` make (`replication.make`), e.g. `replication.Local` with
-      other towers or another session target.
+    strategy: the run's replication strategy (default:
+      `local_replication.Local(params)`), e.g. a `Local` with other towers
+      or another session target, or a cluster worker's
+      (`tf1_safe_train.cluster.replication.make`; its `start` starts this
+      process's gRPC server).
 
   Returns:
     The dict also written to `run_summary.json` (by the chief).
 
   Raises:
-    cluster.ClusterError: if this task's server cannot start, or
-      (`ClusterUnreachableError`) a ps does not answer within
-      `params.startup_timeout_secs`.
+    cluster.ClusterError: (a cluster worker's strategy) if this task's
+      server cannot start, or (`ClusterUnreachableError`) a ps does not
+      answer within `params.startup_timeout_secs`.
   """
   params.validate()
-  strategy = strategy or replication.make(params, cluster)
-  if strategy.in_cluster and recovery.refusal_in_cluster(params):
-    raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
-  is_chief = strategy.is_chief
-  if is_chief:
+  strategy = strategy or local_replication.Local(params)
+  if strategy.in_cluster and checkpoint_rollback.refusal_in_cluster(params):
+    raise params_lib.ParamsError(
+        checkpoint_rollback.refusal_in_cluster(params))
+  if strategy.is_chief:
     train_dir_lib.check(params.train_dir)
   strategy.start()
   start = time.time()
+  exclude_ids, excluded = _excluded_examples(params, dataset_fn)
+  with tf.Graph().as_default(), contextlib.ExitStack() as owned:
+    tf1.set_random_seed(params.seed)
+    with strategy.device():
+      step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
+                                   exclude_ids=exclude_ids)
+      strategy.after_build(step)
+    run = _RunHooks(params, step, strategy, start, excluded,
+                    describe_id=lambda i: data.describe_id(
+                        params.dataset if dataset_fn is None
+                        else "dataset_fn", i))
+    run_hooks = run.in_order(extra_hooks)
+    resume = None
+    if strategy.is_chief:
+      owned.enter_context(train_dir_lib.lock(params.train_dir))
+      resume = checkpoints.prepare_resume(params.train_dir,
+                                          tf1.global_variables(), params)
+    saver = _saver(params, step, run.state_check, run.state_hook, resume)
+    if isinstance(run.give_up, checkpoint_rollback.RollbackHook):
+      run.give_up.attach(resume)
+    _run_steps(step, strategy, tf1.train.Scaffold(saver=saver), run,
+               run_hooks)
+    summary = run.summary()
+    if strategy.is_chief:  # Under the lock, as every write of the run.
+      run_summary.write(params.train_dir, summary)
+  return summary
+
+
+def _excluded_examples(params, dataset_fn):
+  """(ids the input drops, counts by reason): the startup exclusion."""
   exclude_ids, excluded = exclusion.excluded(
       params.train_dir if params.exclude_reproducible_skips else None,
       None if dataset_fn else lambda: data.split_ids(
@@ -74,63 +105,63 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
   line = exclusion.describe(excluded)
   if line:
     logging.info(line)
-  with tf.Graph().as_default(), contextlib.ExitStack() as owned:
-    tf1.set_random_seed(params.seed)
-    with strategy.device():
-      step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
-                                   exclude_ids=exclude_ids)
-      strategy.after_build(step)
-    explain = forensics.ForensicsHook(
+  return exclude_ids, excluded
+
+
+class _RunHooks(object):
+  """The runner's hooks of one run, and the run summary they make.
+
+  Built after the step, before the saver: a hook's graph ops and state
+  variables must exist when the saver lists the variables.
+  """
+
+  def __init__(self, params, step, strategy, start, excluded, describe_id):
+    self._params, self._step, self._strategy = params, step, strategy
+    self._start, self._excluded = start, excluded
+    self.first_step_time = None
+    is_chief = strategy.is_chief
+    self.explain = forensics.ForensicsHook(
         step, params, strategy.worker_index, params.max_explained_skips,
         summary_dir=params.train_dir if is_chief else None,
-        describe_id=lambda i: data.describe_id(
-            params.dataset if dataset_fn is None else "dataset_fn", i),
+        describe_id=describe_id,
         # On one machine only: in a cluster one worker's stop would leave
         # the others waiting; its streak ends the run there. (`give_up` is
         # made below, before the session runs.)
         on_model=None if strategy.in_cluster else (
-            lambda context, at: recovery.act_on_model_fault(
-                give_up, context, at)))
-    examples_per_step = params.batch_size * strategy.tower_config.num_towers
-    first_step_time = None
-    stats = hooks_lib.RunStatsHook(dict(
+            lambda context, at: checkpoint_rollback.act_on_model_fault(
+                self.give_up, context, at)))
+    self.examples_per_step = (params.batch_size *
+                              strategy.tower_config.num_towers)
+    self.stats = hooks_lib.RunStatsHook(dict(
         step.totals, loss=step.loss,
         **({"loss_scale": step.loss_scale.scale} if step.loss_scale else {})))
     # With a loss scale, skips that halve it are expected overflows; only
     # skips at the floor scale are faults that count toward giving up.
-    # (Or rolls back instead: `recovery`.)
-    give_up = recovery.give_up_hook(
+    # (Or rolls back instead: `checkpoint_rollback`.)
+    self.give_up = checkpoint_rollback.give_up_hook(
         params, step.loss_scale.floor_skips if step.loss_scale
         else step.counters.consecutive_skips, step)
-
-    def full_summary(exit_reason=None):
-      """The run summary now (an abort's has every field a normal one has)."""
-      summary = _summary(params, stats, give_up, on_signal, state_hook.report,
-                         first_step_time, start, time.time(),
-                         examples_per_step, strategy, exit_reason,
-                         recovery.model_fault(give_up, explain))
-      summary["forensics"] = dict(explain.summary(),
-                                  excluded_examples=excluded,
-                                  **forensics.totals(params.train_dir))
-      return summary
-
-    on_signal = stop_signals.StopOnSignalHook(
+    self.on_signal = stop_signals.StopOnSignalHook(
         on_abort=lambda reason: is_chief and stop_signals.write_abort_summary(
-            params.train_dir, full_summary("aborted"), reason),
+            params.train_dir, self.summary("aborted"), reason),
         liveness=strategy.liveness,
         stop_grace_secs=strategy.stop_grace_secs)
-    state_check = finite_state.FiniteStateCheck()
-    state_hook = finite_state.NonFiniteStateHook(
-        state_check, step.step_index, step.applied,
+    self.state_check = finite_state.FiniteStateCheck()
+    self.state_hook = finite_state.NonFiniteStateHook(
+        self.state_check, step.step_index, step.applied,
         finite_state.likely_cause(params))
+
+  def in_order(self, extra_hooks):
+    """The hooks in the order they run (the strategy puts its own around
+    them; `explain` runs first, as the session's `first_hooks`)."""
+    params, step = self._params, self._step
     report = step.report
-    # The order the hooks run in (the strategy puts its own around them).
-    run_hooks = [
+    return [
         hooks_lib.StopAtStepHook(params.max_steps),
         hooks_lib.ProgressHook(
             step.step_index, step.loss, step.learning_rate, step.counters,
-            examples_per_step, params.log_every_n_steps,
-            summary_dir=params.train_dir if is_chief else None,
+            self.examples_per_step, params.log_every_n_steps,
+            summary_dir=params.train_dir if self._strategy.is_chief else None,
             loss_scale=step.loss_scale.scale if step.loss_scale else None,
             skip_reasons=step.totals.get("skip_reasons"),
             max_steps=params.max_steps),
@@ -138,49 +169,58 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
             loss_scale=step.loss_scale_before, spikes=step.spikes),
-        give_up, on_signal, stats,
-        *strategy.step_hooks(),
-        state_hook,
+        self.give_up, self.on_signal, self.stats,
+        *self._strategy.step_hooks(),
+        self.state_hook,
         *extra_hooks]
-    resume = None
-    if is_chief:
-      owned.enter_context(train_dir_lib.lock(params.train_dir))
-      resume = checkpoints.prepare_resume(params.train_dir,
-                                          tf1.global_variables(), params)
-    # Relative paths: a copied or moved train_dir stays self-contained.
-    saver = checkpoints.FiniteSaver(
-        state_check, state_hook.refuse_save,
-        var_list=checkpoint_fit.saver_var_list(resume,
-                                               tf1.global_variables()),
-        fresh=checkpoint_fit.fresh_variables(resume, tf1.global_variables()),
-        max_to_keep=recovery.keep_checkpoint_max(params),
-        save_relative_paths=True,
-        # Pruning spares the last checkpoint before a skip streak.
-        streak_start=last_good.streak_start(
-            step.variables["global_step"],
-            step.variables["counters"].consecutive_skips,
-            params.increment_global_step_on_skip))
-    if isinstance(give_up, recovery.RollbackHook):
-      give_up.attach(resume)
-    scaffold = tf1.train.Scaffold(saver=saver)
-    on_signal.install()
-    try:
-      # A skip's record is appended before a checkpoint covering its step.
-      with strategy.session(scaffold, run_hooks,
-                            lambda: on_signal.interrupted,
-                            first_hooks=[explain]) as session:
-        while not session.should_stop():
-          session.run(step.train_op)
-          if first_step_time is None:
-            first_step_time = time.time()
-      on_signal.stop_liveness()  # The ps tasks exit once all are done.
-      strategy.finish()
-    finally:
-      on_signal.uninstall()
-    summary = full_summary()
-    if is_chief:  # Under the lock, as every write of the run.
-      run_summary.write(params.train_dir, summary)
-  return summary
+
+  def summary(self, exit_reason=None):
+    """The run summary now (an abort's has every field a normal one has)."""
+    summary = _summary(
+        self._params, self.stats, self.give_up, self.on_signal,
+        self.state_hook.report, self.first_step_time, self._start,
+        time.time(), self.examples_per_step, self._strategy, exit_reason,
+        checkpoint_rollback.model_fault(self.give_up, self.explain))
+    summary["forensics"] = dict(self.explain.summary(),
+                                excluded_examples=self._excluded,
+                                **forensics.totals(self._params.train_dir))
+    return summary
+
+
+def _saver(params, step, state_check, state_hook, resume):
+  """The run's saver: finite states only, spares the last good checkpoint."""
+  # Relative paths: a copied or moved train_dir stays self-contained.
+  return checkpoints.FiniteSaver(
+      state_check, state_hook.refuse_save,
+      var_list=checkpoint_fit.saver_var_list(resume,
+                                             tf1.global_variables()),
+      fresh=checkpoint_fit.fresh_variables(resume, tf1.global_variables()),
+      max_to_keep=checkpoint_rollback_target.keep_checkpoint_max(params),
+      save_relative_paths=True,
+      # Pruning spares the last checkpoint before a skip streak.
+      streak_start=last_good.streak_start(
+          step.variables["global_step"],
+          step.variables["counters"].consecutive_skips,
+          params.increment_global_step_on_skip))
+
+
+def _run_steps(step, strategy, scaffold, run, run_hooks):
+  """Runs the step until the session stops (max_steps, a stop, a signal)."""
+  on_signal = run.on_signal
+  on_signal.install()
+  try:
+    # A skip's record is appended before a checkpoint covering its step.
+    with strategy.session(scaffold, run_hooks,
+                          lambda: on_signal.interrupted,
+                          first_hooks=[run.explain]) as session:
+      while not session.should_stop():
+        session.run(step.train_op)
+        if run.first_step_time is None:
+          run.first_step_time = time.time()
+    on_signal.stop_liveness()  # The ps tasks exit once all are done.
+    strategy.finish()
+  finally:
+    on_signal.uninstall()
 
 
 def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
@@ -199,7 +239,7 @@ def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,
   if model_fault is not None:
     summary["model_fault_step"] = model_fault
   summary.update(fields)
-  summary.update(recovery.summary_fields(give_up))
+  summary.update(checkpoint_rollback.summary_fields(give_up))
   return summary
 
 

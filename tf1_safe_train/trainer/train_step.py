@@ -32,10 +32,10 @@ from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import applied_update
+from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
-from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_input
@@ -174,7 +174,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
     learning_rate = optimization.learning_rate(
         params.lr_schedule, params.learning_rate, schedule_step.read_value(),
         params.max_steps)
-    learning_rate = recovery.scale_learning_rate(params, learning_rate)
+    learning_rate = checkpoint_rollback_state.scale_learning_rate(
+        params, learning_rate)
     optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
     loss_scale, scale = None, None
     if params.precision == "fp16":

@@ -1,4 +1,4 @@
-"""Which checkpoint a rollback restores (`recovery.RollbackHook`).
+"""Which checkpoint a rollback restores (`checkpoint_rollback.RollbackHook`).
 
 The newest intact, finite checkpoint before the streak with few enough
 applied steps, among the current model's ancestors: a checkpoint written in
@@ -15,13 +15,17 @@ that rollback restored, those of the lineage it was written in (its own
 a `rollbacks` on that chain but a step past the link, or a `rollbacks` the
 chain skips (a rollback that went back past an earlier one).
 
-Why not `rollback_window.jsonl`: it is appended before the restore, so it
+Why not `rollback_windows.jsonl`: it is appended before the restore, so it
 also lists a rollback that a SIGKILL cut before any checkpoint recorded it;
 the restarted run, resumed from a checkpoint before it, may never redo it,
 and the checkpoints it writes inside that window are ancestors. The
 checkpoints say only what happened to the model they hold.
+
+`keep_checkpoint_max` keeps enough checkpoints for one to qualify;
+`no_checkpoint_reason` says, in the flags' terms, why none did.
 """
 
+import math
 import os
 
 import tensorflow as tf
@@ -35,7 +39,7 @@ def _read(reader, names, name, default):
   return int(reader.get_tensor(name)) if name in names else default
 
 
-def _recovery_state(path):
+def _rollback_state(path):
   """(rollbacks, rollback_to_step) held by checkpoint `path`, or None.
 
   A checkpoint written without rollback (e.g. by a run that gave up with
@@ -59,12 +63,12 @@ def lineages(train_dir, on_disk, rollbacks, rollback_to_step):
   Args:
     train_dir: the run's directory.
     on_disk: `checkpoints.on_disk(train_dir)`.
-    rollbacks, rollback_to_step: the current model's recovery state.
+    rollbacks, rollback_to_step: the current model's rollback state.
   """
   chain = [(rollbacks, None)]
   later, link = rollbacks, rollback_to_step
   while link >= 0:
-    state = (_recovery_state(os.path.join(train_dir, on_disk[link]))
+    state = (_rollback_state(os.path.join(train_dir, on_disk[link]))
              if link in on_disk else None)
     # Both strictly decrease along a genuine chain: anything else is damage.
     if state is None or not state[0] < later or not state[1] < link:
@@ -112,3 +116,40 @@ def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
         checkpoints.damage(path, require_finite=True) is None):
       return path, step, applied
   return None, "no intact checkpoint of %s qualifies" % train_dir, None
+
+
+def keep_checkpoint_max(params):
+  """How many checkpoints to keep: enough for a rollback to find one.
+
+  When the streak reaches --max_consecutive_skips (K), the checkpoint needed
+  was written M = --rollback_min_applied_steps applied steps before the
+  streak began, so up to ceil((M + K) / save_checkpoints_steps) intervals
+  ago; two more cover the start-up save and the one being written. Skips
+  before the streak push it further back; then no checkpoint may qualify
+  and the run stops as without rollback, saying so.
+  """
+  if params.on_persistent_skips != "rollback":
+    return 5
+  return max(5, math.ceil(
+      (params.rollback_min_applied_steps + params.max_consecutive_skips) /
+      params.save_checkpoints_steps) + 2)
+
+
+def no_checkpoint_reason(params, applied):
+  """Why no checkpoint can be rolled back to, in the flags' terms (a clause).
+
+  Args:
+    params: the run's `params.TrainParams`.
+    applied: the run's applied steps when its streak began.
+  """
+  needed = params.rollback_min_applied_steps
+  head = ("the run has %d applied steps, and a rollback needs a checkpoint "
+          "written at least %d applied steps before the skip streak "
+          "(--rollback_min_applied_steps=%d)" % (applied, needed, needed))
+  if applied < needed:
+    return head + "; there can be none yet: lower --rollback_min_applied_steps"
+  return head + (", one with at most %d; %s holds no intact one: lower "
+                 "--rollback_min_applied_steps or save checkpoints more "
+                 "often (--save_checkpoints_steps=%d)" % (
+                     applied - needed, params.train_dir,
+                     params.save_checkpoints_steps))

@@ -1,4 +1,4 @@
-"""Rolling back to an older checkpoint instead of giving up on a skip streak.
+"""Checkpoint rollback: an older checkpoint restored instead of giving up.
 
 With `--on_persistent_skips=rollback`, when `--max_consecutive_skips` steps
 in a row are skipped, `RollbackHook` restores (in the same session) the
@@ -13,36 +13,34 @@ What a rollback restores and what it keeps (the choices, and why):
   - kept live: the step's bookkeeping (`train_step.Step.variables`):
     `global_step` (it counts batches consumed and the README promises it
     only grows, so `--max_steps` still ends the run), the other skip
-    counters, the per-tower counts, the longest streak; this module's
-    state; whatever is in `KEEP_COLLECTION`. The streak
-    (`consecutive_skips`) restarts at 0. `rolled_back_steps` counts the
-    applied steps undone, so every checkpoint holds
+    counters, the per-tower counts, the longest streak; the rollbacks' own
+    state (`checkpoint_rollback_state`); whatever is in `KEEP_COLLECTION`.
+    The streak (`consecutive_skips`) restarts at 0. `rolled_back_steps`
+    counts the applied steps undone, so every checkpoint holds
     global_step == applied_steps + skipped_steps + rolled_back_steps
     (when skips advance global_step).
   - the input: the iterator is not in checkpoints, so in this process it is
     already past the batches fed since the restored checkpoint (the window
     that led to the streak): they are not fed again. A restarted process
     starts its input afresh: the window's example ids (kept per step by the
-    hook, `rollback_window`) are appended durably to the train_dir before
-    the rollback, and the startup exclusion drops them.
+    hook, `checkpoint_rollback_window`) are appended durably to the
+    train_dir before the rollback, and the startup exclusion drops them.
 A rollback changes only the session's variables: the next checkpoint
 records it. A SIGKILL before then resumes from the last checkpoint, which
 holds the streak, and the same rollback happens again.
 """
 
-import collections
-import math
 import os
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import checkpoint_fit
-from tf1_safe_train.trainer import rollback_checkpoint
-from tf1_safe_train.trainer import rollback_window
+from tf1_safe_train.trainer import checkpoint_rollback_state
+from tf1_safe_train.trainer import checkpoint_rollback_target
+from tf1_safe_train.trainer import checkpoint_rollback_window
 from tf1_safe_train.trainer import tower_input
 
 tf1 = tf.compat.v1
@@ -50,72 +48,6 @@ tf1 = tf.compat.v1
 # Variables a rollback leaves as they are (run bookkeeping, not model state):
 # other modules add theirs here, before `RollbackHook.attach`.
 KEEP_COLLECTION = "tf1_safe_train_kept_on_rollback"
-_STATE_COLLECTION = "tf1_safe_train_rollback_state"
-
-State = collections.namedtuple("State", [
-    "rolled_back_steps", "rollbacks", "rollback_to_step",
-    "learning_rate_multiplier"])
-State.__doc__ = """The rollback bookkeeping of a run (checkpointed variables).
-
-Attributes:
-  rolled_back_steps: int64, applied steps undone by rollbacks.
-  rollbacks: int64, rollbacks done (at most --max_rollbacks per run).
-  rollback_to_step: int64, global_step of the checkpoint the last rollback
-    restored (-1: none), which says which older checkpoints are ancestors
-    of the current model (`choose_checkpoint`).
-  learning_rate_multiplier: float32, halved by each rollback with
-    --rollback_halve_learning_rate (1 otherwise).
-"""
-
-
-def state(graph=None):
-  """The graph's `State`, creating it on first use (at the graph's root)."""
-  graph = graph or tf1.get_default_graph()
-  existing = graph.get_collection(_STATE_COLLECTION)
-  if existing:
-    return State(*existing)
-  initial = State(np.int64(0), np.int64(0), np.int64(-1), np.float32(1))
-  # Optional state: a run that gave up with --on_persistent_skips=stop (its
-  # checkpoints lack these) resumes with rollback, starting from `initial`.
-  with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
-    variables = [tf1.Variable(
-        value, name=name, trainable=False,
-        collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION,
-                     spikes.OPTIONAL_STATE])
-                 for name, value in initial._asdict().items()]
-  result = State(*variables)
-  tf1.summary.scalar("skips/rolled_back_steps", result.rolled_back_steps)
-  tf1.summary.scalar("skips/rollbacks", result.rollbacks)
-  return result
-
-
-def scale_learning_rate(params, learning_rate):
-  """`learning_rate` times the rollbacks' multiplier (with rollback on).
-
-  The multiplier is a checkpointed variable, so a restart keeps the rate a
-  rollback halved. Without rollback the graph is unchanged (and so are its
-  checkpoints).
-  """
-  if params.on_persistent_skips != "rollback":
-    return learning_rate
-  return learning_rate * state().learning_rate_multiplier
-
-
-def keep_checkpoint_max(params):
-  """How many checkpoints to keep: enough for a rollback to find one.
-
-  When the streak reaches --max_consecutive_skips (K), the checkpoint needed
-  was written M = --rollback_min_applied_steps applied steps before the
-  streak began, so up to ceil((M + K) / save_checkpoints_steps) intervals
-  ago; two more cover the start-up save and the one being written. Skips
-  before the streak push it further back; then no checkpoint may qualify
-  and the run stops as without rollback, saying so.
-  """
-  if params.on_persistent_skips != "rollback":
-    return 5
-  return max(5, math.ceil(
-      (params.rollback_min_applied_steps + params.max_consecutive_skips) /
-      params.save_checkpoints_steps) + 2)
 
 
 def act_on_model_fault(hook, run_context, step):
@@ -169,26 +101,6 @@ def give_up_hook(params, streak, step):
   return RollbackHook(params, streak, step)
 
 
-def no_checkpoint_reason(params, applied):
-  """Why no checkpoint can be rolled back to, in the flags' terms (a clause).
-
-  Args:
-    params: the run's `params.TrainParams`.
-    applied: the run's applied steps when its streak began.
-  """
-  needed = params.rollback_min_applied_steps
-  head = ("the run has %d applied steps, and a rollback needs a checkpoint "
-          "written at least %d applied steps before the skip streak "
-          "(--rollback_min_applied_steps=%d)" % (applied, needed, needed))
-  if applied < needed:
-    return head + "; there can be none yet: lower --rollback_min_applied_steps"
-  return head + (", one with at most %d; %s holds no intact one: lower "
-                 "--rollback_min_applied_steps or save checkpoints more "
-                 "often (--save_checkpoints_steps=%d)" % (
-                     applied - needed, params.train_dir,
-                     params.save_checkpoints_steps))
-
-
 class RollbackHook(core_hooks.GiveUpHook):
   """Rolls back on a streak of --max_consecutive_skips skips, or gives up.
 
@@ -202,18 +114,20 @@ class RollbackHook(core_hooks.GiveUpHook):
                                        setting="--max_consecutive_skips")
     self._params = params
     self._step = step
-    self._state = state()
+    self._state = checkpoint_rollback_state.state()
     with tf1.control_dependencies([step.train_op]):
-      reads = State(*[tf.identity(v.read_value()) for v in self._state])
+      reads = checkpoint_rollback_state.State(
+          *[tf.identity(v.read_value()) for v in self._state])
     self._fetches = {"streak": streak, "global_step": step.totals[
         "global_step"], "counters": step.counters, "state": reads,
                      # A few bytes per example: the window's ids.
                      "step_index": step.step_index,
                      "ids": tf1.get_collection(
                          tower_input.EXAMPLE_IDS_COLLECTION)}
-    self._ring = rollback_window.IdsRing(rollback_window.ring_steps(
-        keep_checkpoint_max(params), params.save_checkpoints_steps,
-        params.max_consecutive_skips))
+    self._ring = checkpoint_rollback_window.IdsRing(
+        checkpoint_rollback_window.ring_steps(
+            checkpoint_rollback_target.keep_checkpoint_max(params),
+            params.save_checkpoints_steps, params.max_consecutive_skips))
     self._restorer = None
     self._after = None
     self.refusal = None
@@ -279,11 +193,12 @@ class RollbackHook(core_hooks.GiveUpHook):
     if s.rollbacks >= params.max_rollbacks:
       path, why = None, "--max_rollbacks=%d used up" % params.max_rollbacks
     else:
-      path, to_step, ckpt_applied = rollback_checkpoint.choose_checkpoint(
-          params.train_dir, at_step,
-          applied - params.rollback_min_applied_steps, int(s.rollbacks),
-          int(s.rollback_to_step))
-      why = no_checkpoint_reason(params, applied)
+      path, to_step, ckpt_applied = (
+          checkpoint_rollback_target.choose_checkpoint(
+              params.train_dir, at_step,
+              applied - params.rollback_min_applied_steps, int(s.rollbacks),
+              int(s.rollback_to_step)))
+      why = checkpoint_rollback_target.no_checkpoint_reason(params, applied)
     if path is None:
       self.refusal = "no rollback: " + why
       self.gave_up = True
@@ -300,8 +215,8 @@ class RollbackHook(core_hooks.GiveUpHook):
     """Restores `path` in `session` and records it."""
     # Durable before the restore, so before any checkpoint recording it.
     ids, unknown = self._ring.window(to_step, at_step - 1)
-    rollback_window.append(self._params.train_dir, at_step,
-                           [to_step, at_step - 1], ids, unknown)
+    checkpoint_rollback_window.append(self._params.train_dir, at_step,
+                                      [to_step, at_step - 1], ids, unknown)
     self._restorer.restore(session, path)
     session.run(self._after, {self._undone: undone, self._to_step: to_step})
     state_now, counters = session.run(

@@ -1,7 +1,7 @@
 """`choose_checkpoint`: the newest qualifying ancestor, never an abandoned one.
 
 Synthetic train_dirs of small checkpoints holding only what it reads (the
-counters, the recovery state and a weight), laid out as a run writes them.
+counters, the rollback state and a weight), laid out as a run writes them.
 """
 
 import os
@@ -11,8 +11,8 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train.trainer import rollback_checkpoint
-from tf1_safe_train.trainer import rollback_window
+from tf1_safe_train.trainer import checkpoint_rollback_target
+from tf1_safe_train.trainer import checkpoint_rollback_window
 
 tf1 = tf.compat.v1
 
@@ -45,7 +45,7 @@ class OneRollbackTest(tf.test.TestCase):
                        15 if rollbacks else -1)
 
   def choose(self, max_applied, at_step=35):
-    path, step, applied = rollback_checkpoint.choose_checkpoint(
+    path, step, applied = checkpoint_rollback_target.choose_checkpoint(
         self.train_dir, at_step, max_applied, rollbacks=1, rollback_to_step=15)
     return (os.path.basename(path), step, applied) if path else step
 
@@ -87,12 +87,12 @@ class TwoRollbacksTest(tf.test.TestCase):
     self.train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     for values in _HISTORY:
       _fake_checkpoint(self.train_dir, *values)
-    rollback_window.append(self.train_dir, 25, [15, 24], [1, 2], 0)
-    rollback_window.append(self.train_dir, 40, [30, 39], [3, 4], 0)
+    checkpoint_rollback_window.append(self.train_dir, 25, [15, 24], [1, 2], 0)
+    checkpoint_rollback_window.append(self.train_dir, 40, [30, 39], [3, 4], 0)
 
   def choose(self, max_applied, at_step=48):
     """A third rollback at `at_step`, state as rollback 2 left it."""
-    path, step, _ = rollback_checkpoint.choose_checkpoint(
+    path, step, _ = checkpoint_rollback_target.choose_checkpoint(
         self.train_dir, at_step, max_applied, rollbacks=2, rollback_to_step=30)
     return os.path.basename(path) if path else step
 
@@ -117,14 +117,14 @@ class TwoRollbacksTest(tf.test.TestCase):
     # A copied train_dir without it, or a damaged one: the checkpoints say
     # what each descends from.
     chosen = [self.choose(a) for a in (25, 20, 12, 5, 4)]
-    os.remove(rollback_window.path(self.train_dir))
+    os.remove(checkpoint_rollback_window.path(self.train_dir))
     self.assertEqual([self.choose(a) for a in (25, 20, 12, 5, 4)], chosen)
 
   def testAWindowACrashLeftUnrecordedAbandonsNothing(self):
     # A rollback at step 48 appended its window (to model.ckpt-10), then a
     # SIGKILL came before any checkpoint recorded it; the restarted run
     # resumed from model.ckpt-45 and wrote model.ckpt-50: still ancestors.
-    rollback_window.append(self.train_dir, 48, [10, 47], [5], 0)
+    checkpoint_rollback_window.append(self.train_dir, 48, [10, 47], [5], 0)
     _fake_checkpoint(self.train_dir, 50, 26, 2, 30)
     self.assertEqual(self.choose(26, at_step=55), "model.ckpt-50")
     self.assertEqual(self.choose(25, at_step=55), "model.ckpt-45")
@@ -151,7 +151,7 @@ class TwoRollbacksTest(tf.test.TestCase):
     with open(path, "r+b") as f:
       f.write(b"\0" * os.path.getsize(path))
     self.assertEqual(
-        rollback_checkpoint.lineages(
+        checkpoint_rollback_target.lineages(
             self.train_dir, {30: "model.ckpt-30"}, 2, 30),
         [(2, None), (1, 30)])
     self.assertIn("qualifies", self.choose(19))

@@ -15,10 +15,11 @@ import tensorflow as tf
 
 import train_dir_util
 from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import replication
+from tf1_safe_train.trainer import checkpoint_rollback_target
+from tf1_safe_train.trainer import checkpoint_rollback_window
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import recovery
-from tf1_safe_train.trainer import rollback_window
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
@@ -117,7 +118,7 @@ class RollbackRunTest(tf.test.TestCase):
     fed = _FedIds()
     train_lib.train(_params(train_dir), extra_hooks=[fed])
     # Recorded durably: every batch of steps 15-23, not only the last.
-    (at_step, window), = rollback_window.excluded_ids(train_dir)
+    (at_step, window), = checkpoint_rollback_window.excluded_ids(train_dir)
     self.assertEqual(at_step, 24)
     self.assertEqual(set(window),
                      set().union(*[fed.by_step[s] for s in range(15, 24)]))
@@ -199,7 +200,8 @@ class RollbackRunTest(tf.test.TestCase):
         [30, 11, 6, 13, 3])
     self.assertAllEqual(weights[24], weights[5])
     self.assertEqual(
-        [step for step, _ in rollback_window.excluded_ids(train_dir)],
+        [step for step, _ in
+         checkpoint_rollback_window.excluded_ids(train_dir)],
         [14, 22, 24])
     final = self.assertCheckpointsConsistent(train_dir)
     self.assertEqual([int(final[k]) for k in ("rollbacks", "rollback_to_step")],
@@ -266,7 +268,7 @@ class RollbackRunTest(tf.test.TestCase):
 class RollbackWindowTest(tf.test.TestCase):
 
   def testRingKeepsTheLastStepsAndCountsTheOthers(self):
-    ring = rollback_window.IdsRing(capacity=3)
+    ring = checkpoint_rollback_window.IdsRing(capacity=3)
     for step in range(5):
       ring.add(step, [np.array([10 * step]), np.array([10 * step + 1])])
     ring.add(4, [np.array([99])])  # A skip that did not advance the step.
@@ -274,11 +276,12 @@ class RollbackWindowTest(tf.test.TestCase):
 
   def testEveryRecordCountsAndATornLastLineIsIgnored(self):
     train_dir = self.get_temp_dir()
-    rollback_window.append(train_dir, 24, [15, 23], [1, 2], 0)
-    rollback_window.append(train_dir, 24, [15, 23], [3], 2)  # Re-done.
-    with open(rollback_window.path(train_dir), "a") as f:
+    checkpoint_rollback_window.append(train_dir, 24, [15, 23], [1, 2], 0)
+    # Re-done:
+    checkpoint_rollback_window.append(train_dir, 24, [15, 23], [3], 2)
+    with open(checkpoint_rollback_window.path(train_dir), "a") as f:
       f.write('{"step": 30, "exam')
-    self.assertEqual(rollback_window.excluded_ids(train_dir),
+    self.assertEqual(checkpoint_rollback_window.excluded_ids(train_dir),
                      [(24, [1, 2]), (24, [3])])
 
 
@@ -300,24 +303,24 @@ class RollbackParamsTest(tf.test.TestCase):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     cluster = cluster_flags.from_flags("127.0.0.1:1", "127.0.0.1:2",
                                        "worker", 0)
+    params = _params(train_dir, startup_timeout_secs=2.0)
     with self.assertRaisesRegex(params_lib.ParamsError,
                                 "runs on one machine only"):
-      train_lib.train(_params(train_dir, startup_timeout_secs=2.0),
-                      cluster=cluster)
+      train_lib.train(params, strategy=replication.make(params, cluster))
     self.assertEqual(os.listdir(train_dir), [])
 
   def testSaysWhyNoCheckpointQualifiesInTheFlagsTerms(self):
     params = _params("/tmp/run", rollback_min_applied_steps=200,
                      save_checkpoints_steps=100)
     self.assertEqual(
-        recovery.no_checkpoint_reason(params, 540),
+        checkpoint_rollback_target.no_checkpoint_reason(params, 540),
         "the run has 540 applied steps, and a rollback needs a checkpoint "
         "written at least 200 applied steps before the skip streak "
         "(--rollback_min_applied_steps=200), one with at most 340; /tmp/run "
         "holds no intact one: lower --rollback_min_applied_steps or save "
         "checkpoints more often (--save_checkpoints_steps=100)")
     self.assertEqual(
-        recovery.no_checkpoint_reason(params, 40),
+        checkpoint_rollback_target.no_checkpoint_reason(params, 40),
         "the run has 40 applied steps, and a rollback needs a checkpoint "
         "written at least 200 applied steps before the skip streak "
         "(--rollback_min_applied_steps=200); there can be none yet: lower "
@@ -325,11 +328,12 @@ class RollbackParamsTest(tf.test.TestCase):
 
   def testKeepsEnoughCheckpoints(self):
     # M + K = 600 + 50 steps back at one checkpoint per 100: 7 intervals.
-    self.assertEqual(recovery.keep_checkpoint_max(_params(
+    self.assertEqual(checkpoint_rollback_target.keep_checkpoint_max(_params(
         "/tmp/unused", rollback_min_applied_steps=600,
         max_consecutive_skips=50, save_checkpoints_steps=100)), 9)
-    self.assertEqual(recovery.keep_checkpoint_max(_params("/tmp/unused")), 5)
-    self.assertEqual(recovery.keep_checkpoint_max(_params(
+    self.assertEqual(checkpoint_rollback_target.keep_checkpoint_max(
+        _params("/tmp/unused")), 5)
+    self.assertEqual(checkpoint_rollback_target.keep_checkpoint_max(_params(
         "/tmp/unused", on_persistent_skips="stop",
         rollback_min_applied_steps=600)), 5)
 
