@@ -12,6 +12,7 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import criteria as criteria_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
@@ -77,6 +78,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                loss_scale=None,
                strict=False,
                skip_spikes=None,
+               criteria=(),
                check_runs=True,
                name="SkipNonFinite"):
     """Creates the wrapper.
@@ -98,6 +100,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         what a skip cannot undo or count once (writes outside the decision,
         several guarded steps in one run, global_step advanced twice),
         raise instead of warning (see `run_check`).
+      skip_spikes: None, or a `SpikeConfig` (or its sigma): also skip a
+        finite step whose gradient norm (or loss) is a spike.
+      criteria: more skip criteria (`criteria.Criterion` objects): a step
+        one of them decides to skip is skipped, labelled and counted with
+        its reason.
       check_runs: if True (default), the first `session.run` (or callable)
         of each distinct set of fetches that executes a step of this
         wrapper is checked, whoever runs it (`run_check`); later runs of
@@ -106,7 +113,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
 
     Raises:
       TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`.
-      ValueError: for an unknown `loss_scale` or a bad `skip_spikes`.
+      ValueError: for an unknown `loss_scale`, a bad `skip_spikes` or a
+        bad criterion.
     """
     if not isinstance(optimizer, tf1.train.Optimizer):
       # (A Keras optimizer too: its updates are not a tf.compat.v1 step.)
@@ -128,6 +136,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._check_runs = check_runs
     self._spike_config = (None if skip_spikes is None
                           else spikes_lib.SpikeConfig.of(skip_spikes))
+    self._criteria = list(criteria)
+    criteria_lib.with_nonfinite(self._criteria)  # Refused now, not later.
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
     # {id(variable): (variable, gradient)} compute_gradients returned since
@@ -170,7 +180,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     return pairs
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
-                      *, tower_grads_and_vars=None, loss=None):
+                      *, tower_grads_and_vars=None, loss=None,
+                      tower_values=None):
     """Applies the gradients if all are finite; otherwise skips the step.
 
     Args:
@@ -183,9 +194,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         and its device. The decision stays on `grads_and_vars` (a tower's
         NaN or Inf reaches the average); the towers' checks only feed the
         report.
-      loss: optional, the step's loss for loss-spike skips (default: the
-        mean of the losses given to `compute_gradients` since the last
-        step).
+      loss: optional, the step's loss for the criteria, e.g. loss-spike
+        skips (default: the mean of the losses given to
+        `compute_gradients` since the last step).
+      tower_values: optional dict of per-tower tensors (first axis the
+        tower) for the criteria (`criteria.Context.towers`).
 
     Returns:
       The step's train op.
@@ -199,7 +212,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
 
     result = self._build_step(grads_and_vars, global_step, apply_fn,
-                              [(self._optimizer, grads_and_vars)], loss)
+                              [(self._optimizer, grads_and_vars)], loss,
+                              tower_values)
     towers, devices = None, None
     if tower_grads_and_vars is not None:
       towers, devices = step_report.tower_flags(grads_and_vars,
@@ -208,7 +222,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
-                  optimizers_and_pairs, loss=None):
+                  optimizers_and_pairs, loss=None, tower_values=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
     keras_route.check_graph_mode()
     if self._last_result is not None:
@@ -248,8 +262,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     detector = None
     if self._spike_config is not None:
       detector = spikes_lib.SpikeDetector(self._spike_config)
-      if loss is None and losses:
-        loss = tf.add_n(losses) / float(len(losses))
+    if loss is None and losses and (detector or self._criteria):
+      loss = tf.add_n(losses) / float(len(losses))
 
     result = guard.guarded_apply(
         grads_and_vars,
@@ -258,8 +272,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
         branch_ops=[self._loss_scale] if self._loss_scale else [],
-        spikes=detector, loss=loss,
-        name=self._name)
+        spikes=detector, loss=loss, criteria=self._criteria,
+        tower_values=tower_values, name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._note_own_variables(known)
     self._last_result = result
@@ -267,7 +281,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         rollback.written_variables(update_ops) +
         list(counters_lib.skip_counters()) +
         (list(self._loss_scale.variables) if self._loss_scale else []) +
-        (detector.variables if detector else []) +
+        result.reasons.variables +
         ([global_step] if global_step is not None else []))
     self._run_step = write_check.Step(
         result.applied, result.train_op, global_step,

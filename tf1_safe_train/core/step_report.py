@@ -15,8 +15,8 @@ from tf1_safe_train.core import guard
 from tf1_safe_train.core import hooks
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import raw_gradients
+from tf1_safe_train.core import reasons
 from tf1_safe_train.core import rollback
-from tf1_safe_train.core import spikes
 from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
@@ -98,8 +98,30 @@ class StepReport(object):
       self.fetches["towers"] = tower_flags
     elif raw_flags is not None:
       self.fetches["raw_flags"] = raw_flags
-    if result.spikes is not None:
-      self.fetches["spikes"] = spikes.fetches(result.spikes)
+    self.reasons = result.reasons
+    if result.reasons is not None:
+      self.fetches["criteria"] = result.reasons.fetches
+
+  def label(self, values):
+    """The reason of a run's skip from its fetched `fetches` (None if the
+    step was applied): its first criterion that fired."""
+    if values["applied"]:
+      return None
+    if "criteria" not in values:
+      return reasons.NONFINITE
+    return self.reasons.label(values["criteria"])
+
+  def would_skip(self, values):
+    """The reasons of dry-run criteria that would have skipped the run."""
+    if not values["applied"] or "criteria" not in values:
+      return []
+    return [c.reason for c in self.reasons.would_skip(values["criteria"])]
+
+  def dry_run_lines(self, values):
+    """One line per dry-run criterion that would have skipped the run."""
+    return [self.reasons.describe(int(values["step"]), reason,
+                                  values["criteria"], dry_run=True)
+            for reason in self.would_skip(values)]
 
   def describe(self, values):
     """The report line of a run's fetched `fetches`, or None if applied.
@@ -115,8 +137,9 @@ class StepReport(object):
     if values["applied"]:
       return None
     step = int(values["step"])
-    if "spikes" in values and values["spikes"]["spike"]:
-      return spikes.describe(step, values["spikes"])
+    reason = self.label(values)
+    if reason != reasons.NONFINITE:
+      return self.reasons.describe(step, reason, values["criteria"])
     flags = np.asarray(values["flags"], dtype=bool)
     if "towers" in values and flags.any():
       line = hooks.describe_skip(step, values["towers"], flags,
@@ -198,6 +221,7 @@ class StepReportHook(hooks.GatedHook):
     self._fetches = report.fetches
     self._check_fn = check_fn
     self.reports = []
+    self.dry_run_reports = []
 
   def check_new_run(self, ops):
     super(StepReportHook, self).check_new_run(ops)
@@ -207,6 +231,9 @@ class StepReportHook(hooks.GatedHook):
   def after_run(self, run_context, run_values):
     if not self._fetched:
       return
+    for line in self._report.dry_run_lines(run_values.results):
+      self.dry_run_reports.append(line)
+      logging.warning("%s", line)
     line = self._report.describe(run_values.results)
     if line:
       self.reports.append(line)

@@ -38,8 +38,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.core import criteria
 from tf1_safe_train.core import hooks as core_hooks
-from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import rollback_checkpoint
 from tf1_safe_train.trainer import rollback_window
@@ -81,7 +81,7 @@ def state(graph=None):
     variables = [tf1.Variable(
         value, name=name, trainable=False,
         collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION,
-                     spikes.OPTIONAL_STATE])
+                     criteria.OPTIONAL_STATE])
                  for name, value in initial._asdict().items()]
   result = State(*variables)
   tf1.summary.scalar("skips/rolled_back_steps", result.rolled_back_steps)
@@ -239,9 +239,9 @@ class RollbackHook(core_hooks.GiveUpHook):
     # counts, the longest streak...) are run bookkeeping, except
     # applied_steps: it counts the updates the model holds.
     counters = self._step.variables["counters"]
-    # spike_skips too: nonfinite_skips is skipped_steps minus it.
+    # Every reason's counter too (`criteria.counter`), as skipped_steps.
     kept = (list(self._state) + tf1.get_collection(KEEP_COLLECTION) +
-            tf1.get_collection(spikes.SPIKE_SKIPS_COLLECTION))
+            tf1.get_collection(criteria.COUNTERS_COLLECTION))
     for value in self._step.variables.values():
       kept.extend(value if isinstance(value, tuple) else [value])
     kept = set(id(v) for v in kept) - {id(counters.applied_steps)}

@@ -36,7 +36,7 @@ TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
 
 def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
-          strategy=None):
+          strategy=None, criteria=()):
   """Trains as `params` says and returns the run summary (a dict).
 
   Args:
@@ -49,6 +49,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     strategy: a `replication` strategy in place of the one `params` and
       `cluster` make (`replication.make`), e.g. `replication.Local` with
       other towers or another session target.
+    criteria: more skip criteria (`criteria.Criterion` objects) for the
+      step (`train_step.build_step`); reported and counted by reason.
 
   Returns:
     The dict also written to `run_summary.json` (by the chief).
@@ -78,7 +80,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     tf1.set_random_seed(params.seed)
     with strategy.device():
       step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
-                                   exclude_ids=exclude_ids)
+                                   exclude_ids=exclude_ids,
+                                   criteria=criteria)
       strategy.after_build(step)
     explain = forensics.ForensicsHook(
         step, params, strategy.worker_index, params.max_explained_skips,
@@ -137,7 +140,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         hooks_lib.SkipReportHook(
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
-            loss_scale=step.loss_scale_before, spikes=step.spikes),
+            loss_scale=step.loss_scale_before, reasons=step.reasons),
         give_up, on_signal, stats,
         *strategy.step_hooks(),
         state_hook,

@@ -28,7 +28,6 @@ from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
-from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import applied_update
@@ -37,6 +36,7 @@ from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import replay_lib
+from tf1_safe_train.trainer import step_criteria
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_input
 from tf1_safe_train.trainer import towers
@@ -46,7 +46,7 @@ tf1 = tf.compat.v1
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "report", "totals", "loss_scale", "loss_scale_before", "variables",
-    "spikes", "forensics"])
+    "reasons", "forensics"])
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -59,13 +59,15 @@ Attributes:
   counters: `counters.SkipCounters` read after the step.
   report: `SkipReport` of the step (what `hooks.SkipReportHook` fetches).
   totals: dict of reads after the step for the run summary: global_step,
-    counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
+    counters, nonfinite_steps_by_tower, max_consecutive_skips_seen,
+    skip_reasons (each reason's counters: `reasons.Report.counts`).
   loss_scale: `loss_scale.LossScaleState` read after the step, or None.
   loss_scale_before: the scale the step's loss was multiplied by, or None.
   variables: the state variables themselves (unordered reads): global_step,
     counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
-  spikes: with --skip_spikes_sigma, the decision's `spikes.SpikeReport`
-    (None with sync replicas: the chief decides), else None.
+  reasons: the decision's `reasons.Report` (each criterion's flag and
+    values; the label of a skip), None with sync replicas (the chief
+    decides).
   forensics: `replay_lib.Forensics` (batch store, per-tower probes), what
     explains a skip after the step.
 """
@@ -127,15 +129,8 @@ def _or_tower0(tower_nonfinite, flag):
                     tower_nonfinite[1:]], axis=0)
 
 
-def _spike_config(params):
-  if not params.skip_spikes_sigma:
-    return None  # The graph is exactly the one without the option.
-  return spikes_lib.SpikeConfig(
-      params.skip_spikes_sigma, params.spike_warmup_steps,
-      params.spike_max_streak, params.skip_loss_spikes)
-
-
-def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
+def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
+               criteria=()):
   """Builds the training step in the default graph.
 
   Args:
@@ -147,6 +142,10 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
       Batches may carry example ids as a third element (`data.with_ids`).
     exclude_ids: example ids the input never yields (`exclusion`).
+    criteria: more skip criteria (`criteria.Criterion`), decided with
+      those `params` ask for (`step_criteria`); they see the step's mean
+      loss and, in `Context.towers`, each tower's "loss" and "nonfinite"
+      flag (not with sync replicas, whose chief decides on the aggregate).
 
   Returns:
     A `Step`.
@@ -166,6 +165,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
         name="nonfinite_steps_by_tower")
     max_seen = tf1.Variable(tf.constant(0, tf.int64), trainable=False,
                             name="max_consecutive_skips_seen")
+    extra_criteria = list(criteria)
+    criteria = step_criteria.from_params(params) + extra_criteria
     # Read once per step; the drill and the reports use the same value.
     step_index = tf.identity(global_step.read_value(), name="step_index")
     schedule_step = (counters.applied_steps
@@ -226,7 +227,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
                                    counters.applied_steps),
       increment_global_step_on_skip=params.increment_global_step_on_skip,
       update_ops=update_ops, loss_scale=loss_scale, name="guarded_step",
-      skip_spikes=_spike_config(params),
+      criteria=criteria,
       # The trainer builds the whole step itself and checks it by its
       # tests: no first-run check (`run_check`), which would cost a dict
       # lookup per run and name its own counters' writes.
@@ -235,7 +236,11 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
     loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
     pairs = list(grads_and_vars) + statistics
     # (Loss spikes are refused with sync replicas, whose apply has no loss.)
-    kwargs = dict(loss=loss) if params.skip_loss_spikes else {}
+    kwargs = {}
+    if step_criteria.needs_loss(params, extra_criteria, strategy):
+      kwargs = dict(loss=loss, tower_values={
+          "loss": tf.stack([loss for loss, _, _ in outputs]),
+          "nonfinite": tower_nonfinite})
     with tf1.control_dependencies([step_index]):
       step_op = strategy.decider(guarded).apply_gradients(
           pairs, global_step=global_step, **kwargs)
@@ -266,11 +271,10 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
           "nonfinite_steps_by_tower": tf.identity(
               nonfinite_by_tower.read_value()),
           "max_consecutive_skips_seen": tf.identity(max_seen.read_value())}
-      if params.skip_spikes_sigma:
-        # The variables, not the decision's report: a sync worker reads
-        # the chief's counts too.
-        totals["skip_reasons"] = spikes_lib.read_reasons(
-            counters.skipped_steps, train_op)
+      # The variables, not the decision's report: a sync worker reads
+      # the chief's counts too.
+      totals["skip_reasons"] = guarded.guard_result().reasons.read_after(
+          train_op)
 
   step = Step(
       train_op=train_op, step_index=step_index, loss=loss,
@@ -282,7 +286,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       variables={"global_step": global_step, "counters": counters,
                  "nonfinite_steps_by_tower": nonfinite_by_tower,
                  "max_consecutive_skips_seen": max_seen},
-      spikes=result.spikes,
+      reasons=result.reasons,
       forensics=replay_lib.Forensics(tower_inputs.store, probes,
                                      scale))
   step_summaries.add(step)
