@@ -16,7 +16,8 @@ def spike_config(params):
     return None  # The graph is exactly the one without the option.
   return spikes.SpikeConfig(
       params.skip_spikes_sigma, params.spike_warmup_steps,
-      params.spike_max_streak, params.skip_loss_spikes)
+      params.spike_max_streak, params.skip_loss_spikes,
+      dry_run=params.spike_dry_run)
 
 
 def from_params(params):
