@@ -89,6 +89,23 @@ class SpikesTest(tf.test.TestCase, parameterized.TestCase):
       # The next ordinary step is applied again.
       self.assertTrue(model.step(sess, seed=100)["applied"])
 
+  def testWrapperLabelsASpikeSkipAsTheTrainerDoes(self):
+    log_path = os.path.join(self.get_temp_dir(), "labels", "skips.jsonl")
+    os.makedirs(os.path.dirname(log_path))
+    with tf.Graph().as_default():
+      model = _Model(_config())
+      hook = model.opt.report_hook(skip_log_path=log_path)
+      with tf1.train.SingularMonitoredSession(hooks=[hook]) as sess:
+        self._warm(model, sess)
+        self.assertFalse(model.step(sess, scale=1e4, seed=99)["applied"])
+        self.assertFalse(model.step(sess, scale=math.nan)["applied"])
+    spike, nan = skip_log.read(log_path)
+    # "spike" and "nonfinite", as the trainer's records (not "other").
+    self.assertEqual((spike["step"], spike["reason"], nan["reason"]),
+                     (6, "spike", "nonfinite"))
+    self.assertGreater(spike["spike"]["grad_norm"],
+                       spike["spike"]["grad_threshold"])
+
   def testDryRunAppliesTheSpikeAndReportsIt(self):
     log_path = os.path.join(self.get_temp_dir(), "skips.jsonl")
     with tf.Graph().as_default():
