@@ -17,6 +17,7 @@ import tensorflow as tf
 from tf1_safe_train.core import op_walk
 from tf1_safe_train.core import reasons
 from tf1_safe_train.core import replay as replay_lib
+from tf1_safe_train.core import reporting
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import step_report
 
@@ -119,7 +120,7 @@ class SkipLogHook(step_report.StepReportHook):
       skip_log.append(self._log_path, record)
 
 
-class Replaying(step_report.Reporting):
+class Replaying(reporting.Reporting):
   """`SkipNonFiniteOptimizer`'s replay of a batch, and its skips.jsonl hook.
 
   The wrapper calls `_note_replay_outputs` with each step's losses and

@@ -4,11 +4,10 @@ After a skipped step (the weights are exactly as it saw them) the hook reads
 each tower's stored batch, replays the offending tower's (`replay_lib`) and
 appends one record to the worker's `skips.jsonl` (`core.skip_log`): step,
 worker, time, reason, towers (index, device, nonfinite, loss, example_ids,
-batch_hash, variables), replay, verdict, seconds; a skip for another
-reason than non-finite (its criterion's label, e.g. "spike") has the
-criterion's values and thresholds instead of a replay, and so has a dry-run
-criterion's would-be skip (marked "dry_run", on an applied step). It logs
-one line and writes a TensorBoard text and scalar.
+batch_hash, variables), replay, verdict, seconds; a skip for another reason
+(its criterion's label, e.g. "spike"), or a dry-run criterion's would-be
+skip ("dry_run", on an applied step), has the criterion's values instead of
+a replay. It logs one line and writes a TensorBoard text and scalar.
 
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
 turn the run into a replay loop); a skip past the limit still gets its
@@ -43,38 +42,20 @@ from tf1_safe_train.trainer import skip_states
 tf1 = tf.compat.v1
 
 SKIPS_DIR = skip_states.SKIPS_DIR
-BATCH_FILE = "batch.npz"
+load_batches = skip_states.load_batches  # (Its old home.)
+BATCH_FILE = skip_states.BATCH_FILE
 PARAMS_FILE = "params.json"
 CHECKPOINT_PREFIX = "state"
 NOT_EXPLAINED = "not explained: --max_explained_skips reached"
-# A finite skip (a spike, another criterion's) is no fault to find: its
-# values are in the record, and a replay (finite by construction) would only
-# call it "not reproducible" and accuse a device, or, worse, have its
-# examples excluded.
+# A finite skip (a spike, another criterion's) is no fault to find: its values
+# are in the record, and a replay (finite by construction) would only call it
+# "not reproducible" and accuse a device, or worse, exclude its examples.
 FINITE = "%s (finite; not replayed)"
 SPIKE = FINITE % "spike"
 DRY_RUN = "%s would be skipped (dry run: applied; not replayed)"
 OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
             "not replayed")
 LOSS_SCALE_FLOOR = 1.0  # The dynamic loss scale's (hooks.SkipReportHook's).
-
-
-def save_batches(directory, batches):
-  """Writes every tower's (images, labels, ids) to `batch.npz`."""
-  arrays = {}
-  for tower, (images, labels, ids) in enumerate(batches):
-    arrays.update({"images_%d" % tower: images, "labels_%d" % tower: labels,
-                   "ids_%d" % tower: ids})
-  np.savez(os.path.join(directory, BATCH_FILE), **arrays)
-
-
-def load_batches(directory):
-  """The towers' (images, labels, ids) saved by `save_batches`."""
-  with np.load(os.path.join(directory, BATCH_FILE)) as arrays:
-    towers = sum(1 for k in arrays.files if k.startswith("images_"))
-    return [tuple(arrays["%s_%d" % (k, t)] for k in ("images", "labels",
-                                                      "ids"))
-            for t in range(towers)]
 
 
 class ForensicsHook(core_hooks.GatedHook):
@@ -121,20 +102,16 @@ class ForensicsHook(core_hooks.GatedHook):
     self._on_model = on_model
     self.model_fault = None  # The model verdict's step that stopped the run.
 
-  def _would_skip(self, results):
-    if self._reasons is None or not results["applied"]:
-      return []
-    return self._reasons.would_skip(results["criteria"])
-
   def after_run(self, run_context, run_values):
+    results = run_values.results
     if not self._fetched:
       return
-    for criterion in self._would_skip(run_values.results):
-      self._record_dry_run(run_context, run_values.results, criterion.reason)
-    if run_values.results["applied"]:
+    if results["applied"]:
+      for would in (self._reasons.would_skip(results["criteria"])
+                    if self._reasons else []):
+        self._record_dry_run(run_context, results, would.reason)
       return
     started = time.time()
-    results = run_values.results
     session = run_context.session
     step = int(results["step"])
     batches = self._batches(session)
@@ -214,20 +191,17 @@ class ForensicsHook(core_hooks.GatedHook):
 
   def _record_dry_run(self, run_context, results, reason):
     """The record of a dry-run criterion's would-be skip (the step was
-    applied): its values and the towers' batches, no replay."""
-    step = int(results["step"])
-    flags = [False] * len(self._devices)
-    record = {"step": step, "worker": self._worker, "time": time.time(),
-              "reason": reason, "dry_run": True,
-              "towers": self._towers(results, flags,
-                                     self._batches(run_context.session)),
-              "verdict": DRY_RUN % reason,
-              **self._reasons.record(reason, results["criteria"])}
-    skip_log.append(skip_log.path(self._params.train_dir, self._worker),
-                    record)
+    applied; the line is `hooks.SkipReportHook`'s): its values, the
+    towers' batches, no replay."""
+    towers = self._towers(results, [False] * len(self._devices),
+                          self._batches(run_context.session))
+    skip_log.append(skip_log.path(self._params.train_dir, self._worker), dict(
+        step=int(results["step"]), worker=self._worker, time=time.time(),
+        reason=reason, dry_run=True, towers=towers,
+        verdict=DRY_RUN % reason,
+        **self._reasons.record(reason, results["criteria"])))
     self.records += 1
     self.verdicts[reason + "_would_skip"] += 1
-    logging.warning("step %d: %s", step, record["verdict"])
 
   def _name(self, example_id):
     """The example's name; its id if the source cannot name it (a skip's
@@ -255,7 +229,7 @@ class ForensicsHook(core_hooks.GatedHook):
     # max_explained are pruned, so skips/ stays bounded across runs.
     directory = skip_states.new_dir(self._params.train_dir, step,
                                     self._worker)
-    save_batches(directory, batches)
+    skip_states.save_batches(directory, batches)
     with open(os.path.join(directory, PARAMS_FILE), "w") as f:
       json.dump({"params": self._params.to_dict(), "step": step,
                  "worker": self._worker, "loss_scale": scale}, f, indent=2,
