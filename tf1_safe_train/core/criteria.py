@@ -91,10 +91,13 @@ class Criterion(object):
       ("skips_by_reason"); lower case, digits and underscores.
     dry_run: if True the criterion only reports what it would skip (its
       flag never skips the step: the step is applied, and `on_apply` runs).
+    needs_loss: True if `decide` reads `Context.loss` or `Context.towers`
+      (the trainer then hands them in; sync replicas cannot).
   """
 
   reason = None
   dry_run = False
+  needs_loss = True
 
   def decide(self, context):
     """Bool scalar tensor: True to skip the step (built before the cond)."""
@@ -137,6 +140,7 @@ class NonFinite(Criterion):
   """
 
   reason = NONFINITE
+  needs_loss = False
 
   def decide(self, context):
     return context.nonfinite

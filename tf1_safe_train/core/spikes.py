@@ -158,6 +158,10 @@ class SpikeDetector(criteria.Criterion):
 
   reason = REASON
 
+  @property
+  def needs_loss(self):
+    return self.config.loss
+
   def __init__(self, config):
     """Creates the state variables (under `init_scope`, at the root name
     scope, on the current device: a parameter server under a

@@ -26,15 +26,17 @@ def from_params(params):
   return [spikes.SpikeDetector(config)] if config else []
 
 
-def needs_loss(params, extra_criteria, strategy):
-  """True if the step hands its loss and towers' values to the decision.
+def needs_loss(criteria, strategy):
+  """True if the step hands its loss and towers' values to the decision
+  (a criterion reads them: `Criterion.needs_loss`).
 
   Raises:
-    ValueError: for a caller's criteria with sync replicas (the chief
-      decides on the aggregate, with no loss).
+    ValueError: for such criteria with sync replicas (the chief decides on
+      the aggregate, with no loss; --skip_loss_spikes is refused before).
   """
-  if extra_criteria and getattr(strategy, "sync", False):
-    raise ValueError("build_step: criteria=%r are not supported with sync "
-                     "replicas (the chief decides, with no loss)" %
-                     (extra_criteria,))
-  return bool(params.skip_loss_spikes or extra_criteria)
+  needing = [c for c in criteria if c.needs_loss]
+  if needing and getattr(strategy, "sync", False):
+    raise ValueError("build_step: criteria %s need the loss, which sync "
+                     "replicas do not give (the chief decides)" %
+                     ", ".join(c.reason for c in needing))
+  return bool(needing)

@@ -203,7 +203,7 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
                 tower_nonfinite, tower_inputs, probes, devices)
 
 
-def _decide(params, strategy, state, built, guarded, loss, extra_criteria):
+def _decide(strategy, state, built, guarded, loss, criteria):
   """Applies the averaged gradients through `guarded`, as the strategy
   decides; returns (step op, `GuardResult`, the report's tower flags,
   per-variable flags and names)."""
@@ -211,7 +211,7 @@ def _decide(params, strategy, state, built, guarded, loss, extra_criteria):
   tower_nonfinite = built.nonfinite
   # (Loss spikes are refused with sync replicas, whose apply has no loss.)
   kwargs = {}
-  if step_criteria.needs_loss(params, extra_criteria, strategy):
+  if step_criteria.needs_loss(criteria, strategy):
     kwargs = dict(loss=loss, tower_values={
         "loss": tf.stack([loss for loss, _, _ in built.outputs]),
         "nonfinite": tower_nonfinite})
@@ -255,8 +255,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
   config = strategy.tower_config
   with tf1.device(config.variables_device()):
     state = step_state.StepState(config.num_towers)
-    extra_criteria = list(criteria)
-    criteria = step_criteria.from_params(params) + extra_criteria
+    criteria = step_criteria.from_params(params) + list(criteria)
     learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
   built = _build_towers(params, strategy, state.step_index, optimizer,
                         loss_scale, scale, dataset_fn, exclude_ids)
@@ -276,7 +275,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     loss = tf.add_n([loss for loss, _, _ in built.outputs]) / float(
         config.num_towers)
     step_op, result, tower_nonfinite, average_flags, names = _decide(
-        params, strategy, state, built, guarded, loss, extra_criteria)
+        strategy, state, built, guarded, loss, criteria)
     keep = built.inputs.keep_if_applied(result.applied, state.step_index)
     train_op = tf.group(step_op, keep,
                         *state.updates(step_op, tower_nonfinite),
