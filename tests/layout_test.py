@@ -40,17 +40,11 @@ _ABOVE_CORE = tuple("tf1_safe_train." + name
 
 # One concept per module, each small (the style guide's "under ~300").
 _MAX_MODULE_LINES = 300
-# Over the limit on this branch, brought under it by other branches (issue
-# 24): the integrator empties this set once they are merged. An entry no
-# longer over the limit fails the test, so that the set only shrinks.
-_KNOWN_OVER = {"core/optimizer.py", "core/spikes.py", "core/step_report.py"}
 
 # The step and the runner, read top to bottom: no function of theirs over
 # this many code lines (`code_lines`).
 _MAX_FUNCTION_CODE_LINES = 60
 _STEP_AND_RUNNER = ("trainer/train_step.py", "trainer/train_lib.py")
-# As _KNOWN_OVER: split on another branch of issue 24; emptied after merging.
-_KNOWN_LONG = {"trainer/train_step.py:build_step"}
 
 
 def _imported_modules(source):
@@ -265,14 +259,8 @@ class LayoutTest(tf.test.TestCase):
       with open(os.path.join(top, path)) as f:
         lengths[path] = len(f.read().splitlines())
     self.assertIn("trainer/train_lib.py", lengths)
-    over = over_long_modules(lengths)
-    known = ["%s: %d lines" % (path, lengths[path]) for path in _KNOWN_OVER
-             if lengths.get(path, 0) > _MAX_MODULE_LINES]
-    self.assertEqual(sorted(set(over) - set(known)), [],
+    self.assertEqual(over_long_modules(lengths), [],
                      "split these modules by concept")
-    self.assertEqual(
-        sorted(_KNOWN_OVER - {line.split(":")[0] for line in known}), [],
-        "no longer over the limit: remove them from _KNOWN_OVER")
 
   def testCodeLinesCountNeitherBlanksNorCommentsNorDocstrings(self):
     self.assertEqual(code_lines(
@@ -297,23 +285,16 @@ class LayoutTest(tf.test.TestCase):
 
   def testNoFunctionOfTheStepOrRunnerIsOverSixtyCodeLines(self):
     top = os.path.dirname(tf1_safe_train.__file__)
-    long_ones, known = [], set()
+    long_ones = []
     for path in _STEP_AND_RUNNER:
       with open(os.path.join(top, path)) as f:
         lengths = code_lines(f.read())
       self.assertIn("train" if path.endswith("lib.py") else "build_step",
                     lengths)
       for function, n in sorted(lengths.items()):
-        name = "%s:%s" % (path, function)
-        if n <= _MAX_FUNCTION_CODE_LINES:
-          continue
-        if name in _KNOWN_LONG:
-          known.add(name)
-        else:
-          long_ones.append("%s: %d code lines" % (name, n))
+        if n > _MAX_FUNCTION_CODE_LINES:
+          long_ones.append("%s:%s: %d code lines" % (path, function, n))
     self.assertEqual(long_ones, [], "split these functions by concept")
-    self.assertEqual(sorted(_KNOWN_LONG - known), [],
-                     "no longer over the limit: remove them from _KNOWN_LONG")
 
   def testImportingTheCoreLoadsNothingAboveIt(self):
     # A fresh process: this one may have imported anything already. Also the

@@ -1,6 +1,7 @@
 """Tests for tf1_safe_train.core.spikes through SkipNonFiniteOptimizer."""
 
 import math
+import os
 
 from absl.testing import parameterized
 import numpy as np
@@ -9,6 +10,7 @@ import tensorflow as tf
 import optimizer_test_util as test_util
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import spikes
 
 tf1 = tf.compat.v1
@@ -86,6 +88,50 @@ class SpikesTest(tf.test.TestCase, parameterized.TestCase):
                        before["spike_stats/applied"])
       # The next ordinary step is applied again.
       self.assertTrue(model.step(sess, seed=100)["applied"])
+
+  def testWrapperLabelsASpikeSkipAsTheTrainerDoes(self):
+    log_path = os.path.join(self.get_temp_dir(), "labels", "skips.jsonl")
+    os.makedirs(os.path.dirname(log_path))
+    with tf.Graph().as_default():
+      model = _Model(_config())
+      hook = model.opt.report_hook(skip_log_path=log_path)
+      with tf1.train.SingularMonitoredSession(hooks=[hook]) as sess:
+        self._warm(model, sess)
+        self.assertFalse(model.step(sess, scale=1e4, seed=99)["applied"])
+        self.assertFalse(model.step(sess, scale=math.nan)["applied"])
+    spike, nan = skip_log.read(log_path)
+    # "spike" and "nonfinite", as the trainer's records (not "other").
+    self.assertEqual((spike["step"], spike["reason"], nan["reason"]),
+                     (6, "spike", "nonfinite"))
+    self.assertGreater(spike["spike"]["grad_norm"],
+                       spike["spike"]["grad_threshold"])
+
+  def testDryRunAppliesTheSpikeAndReportsIt(self):
+    log_path = os.path.join(self.get_temp_dir(), "skips.jsonl")
+    with tf.Graph().as_default():
+      model = _Model(_config(dry_run=True))
+      model.report["counts"] = model.result.reasons.counts
+      hook = model.opt.report_hook(skip_log_path=log_path)
+      with tf1.train.SingularMonitoredSession(hooks=[hook]) as sess:
+        self._warm(model, sess)
+        applied = _state(sess)["spike_stats/applied"]
+        report = model.step(sess, scale=1e4, seed=99)
+        self.assertTrue(report["applied"])
+        self.assertIsNone(model.opt.describe_skip(report))
+        self.assertEqual(report["counts"], {"nonfinite_skips": 0,
+                                            "spike_would_skips": 1})
+        # Its statistics learn the step as the applied step it is.
+        self.assertEqual(_state(sess)["spike_stats/applied"], applied + 1)
+    self.assertEmpty(hook.reports)
+    self.assertLen(hook.dry_run_reports, 1)
+    self.assertRegex(hook.dry_run_reports[0], r"^step 6: spike would be "
+                     r"skipped \(dry run: applied\), gradient norm \S+ > "
+                     r"threshold \S+$")
+    (record,) = skip_log.read(log_path)
+    self.assertEqual((record["step"], record["reason"], record["dry_run"]),
+                     (6, "spike", True))
+    self.assertGreater(record["spike"]["grad_norm"],
+                       record["spike"]["grad_threshold"])
 
   def testNonFiniteStepNeverTouchesStatistics(self):
     with tf.Graph().as_default(), self.session() as sess:

@@ -115,6 +115,40 @@ class SpikesTrainTest(tf.test.TestCase):
     values = train_dir_util.checkpoint_values(train_dir)
     self.assertEqual(values["spike_stats/applied"], 4)  # Warming up again.
 
+  def testDryRunSkipsNothingAndReportsTheWouldBeSkip(self):
+    train_dir = self._train_dir("dry_run")
+    with self.assertLogs(logging.get_absl_logger(), "INFO") as logs:
+      summary = train_lib.train(_params(
+          train_dir, skip_spikes_sigma=6.0, spike_dry_run=True,
+          inject_nonfinite="scale1e4@8:1", max_steps=10,
+          log_every_n_steps=10))
+    self.assertEqual((summary["applied_steps"], summary["skipped_steps"]),
+                     (10, 0))
+    self.assertEqual(summary["skips_by_reason"], {"nonfinite": 0})
+    self.assertEqual(summary["would_skips_by_reason"], {"spike": 1})
+    messages = [r.getMessage() for r in logs.records]
+    self.assertEmpty([m for m in messages if "skipped step" in m])
+    lines = [m for m in messages if "would be skipped" in m and "norm" in m]
+    self.assertLen(lines, 1)
+    self.assertRegex(lines[0], r"^step 8: spike would be skipped \(dry run: "
+                     r"applied\), gradient norm \S+ > threshold \S+$")
+    self.assertLen([m for m in messages if "applied 10  skipped 0 (1 "
+                    "would-be spike)" in m], 1)
+    (record,) = skip_log.read(skip_log.path(train_dir))
+    self.assertEqual((record["step"], record["reason"], record["dry_run"],
+                      record["verdict"]),
+                     (8, "spike", True, forensics.DRY_RUN % "spike"))
+    self.assertGreater(record["spike"]["grad_norm"],
+                       record["spike"]["grad_threshold"])
+    self.assertEqual(summary["forensics"]["verdicts"],
+                     {"spike_would_skip": 1})
+    self.assertEmpty(exclusion.excluded(train_dir)[0])
+    values = train_dir_util.checkpoint_values(train_dir)
+    self.assertEqual(values["spike_would_skips"], 1)
+    # The would-be spike is an applied step: in the statistics too.
+    self.assertEqual(values["spike_stats/applied"], 10)
+    self.assertNotIn("spike_skips", values)
+
   def testBadValuesAreOneLineErrors(self):
     for overrides, message in (
         (dict(skip_spikes_sigma=-1.0), "--skip_spikes_sigma=-1.0"),
@@ -122,6 +156,10 @@ class SpikesTrainTest(tf.test.TestCase):
         (dict(spike_warmup_steps=0), "--spike_warmup_steps=0"),
         (dict(spike_max_streak=2.5), "--spike_max_streak=2.5"),
         (dict(skip_loss_spikes=True), "needs --skip_spikes_sigma"),
+        (dict(spike_dry_run=True), "--spike_dry_run needs "
+         "--skip_spikes_sigma > 0"),
+        (dict(spike_dry_run=1, skip_spikes_sigma=6.0),
+         "--spike_dry_run=1: must be a boolean"),
         (dict(skip_spikes_sigma=6.0, spike_max_streak=50),
          "--spike_max_streak=50: must be below --max_consecutive_skips=50"),
         (dict(skip_loss_spikes=True, skip_spikes_sigma=6.0,

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 
 _EXPORTS = {
+    "Criterion": "tf1_safe_train.core.criteria",
     "GiveUpHook": "tf1_safe_train.core.hooks",
     "SkipCounters": "tf1_safe_train.core.counters",
     "skip_counters": "tf1_safe_train.core.counters",

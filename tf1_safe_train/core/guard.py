@@ -1,6 +1,7 @@
 """The apply/skip decision for one training step.
 
-A step is applied only if every gradient is finite (no NaN, +Inf or -Inf);
+A step is applied only if every gradient is finite (no NaN, +Inf or -Inf)
+and no other skip criterion (`criteria.Criterion`, e.g. spikes) fires;
 otherwise it is skipped, and no variable of the model, no optimizer slot or
 accumulator and no rolled-back moving statistic changes. The decision is one
 `tf.cond` whose two branches are built inside the functions passed to it.
@@ -11,7 +12,9 @@ import collections
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import criteria as criteria_lib
 from tf1_safe_train.core import nonfinite
+from tf1_safe_train.core import reasons as reasons_lib
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import writes
 
@@ -19,8 +22,8 @@ tf1 = tf.compat.v1
 
 GuardResult = collections.namedtuple("GuardResult", [
     "train_op", "applied", "nonfinite_flags", "variable_names", "counters",
-    "update_flags", "update_variable_names", "spikes"
-], defaults=(None,))
+    "update_flags", "update_variable_names", "spikes", "reasons"
+], defaults=(None, None))
 GuardResult.__doc__ = """What `guarded_apply` built.
 
 Attributes:
@@ -40,6 +43,8 @@ Attributes:
     `nonfinite_flags`.
   update_variable_names: Python list of those variables' names.
   spikes: the step's `spikes.SpikeReport`, or None without spike skips.
+  reasons: the step's `reasons.Report` (every criterion's flag, values and
+    counters; the label of a skip), or None (a sync replica's view).
 """
 
 
@@ -79,6 +84,8 @@ def guarded_apply(grads_and_vars,
                   branch_ops=(),
                   spikes=None,
                   loss=None,
+                  criteria=(),
+                  tower_values=None,
                   name="skip_nonfinite"):
   """Builds one step that applies `apply_fn` only if every gradient is finite.
 
@@ -106,11 +113,16 @@ def guarded_apply(grads_and_vars,
       e.g. one per tower from `nonfinite.any_nonfinite(tower_grads)`.
     branch_ops: objects with `on_apply()` and `on_skip()` methods returning
       ops, built inside the apply (after the update) and skip branches, e.g.
-      a `loss_scale.DynamicLossScale`. On a spike skip their `on_skip`
-      does not run (a spike is no overflow: the loss scale keeps).
-    spikes: optional `spikes.SpikeDetector`: a finite step it calls a
-      spike is skipped too, by the same decision.
-    loss: the step's loss, for a detector that watches it.
+      a `loss_scale.DynamicLossScale`. Their `on_skip` runs on a non-finite
+      skip only (a spike is no overflow: the loss scale keeps).
+    spikes: optional `spikes.SpikeDetector`, a criterion like those of
+      `criteria` (kept for callers written before them).
+    loss: the step's loss, for the criteria (`criteria.Context`).
+    criteria: more `criteria.Criterion`s: a step one of them decides to
+      skip is skipped too, by the same decision, and counted under the
+      first one that fired (non-finite first, then in this order).
+    tower_values: optional dict of per-tower tensors for the criteria
+      (`criteria.Context.towers`).
     name: name scope of the step's ops.
 
   Returns:
@@ -125,7 +137,8 @@ def guarded_apply(grads_and_vars,
                      len(grads_and_vars))
   update_ops = list(update_ops or [])
   branch_ops = list(branch_ops)
-  spike_ops = [spikes] if spikes is not None else []
+  criteria = criteria_lib.with_nonfinite(
+      ([spikes] if spikes is not None else []) + list(criteria))
   counters = counters_lib.skip_counters()
   protected = rollback.Rollback(rollback.written_variables(update_ops))
   with tf1.name_scope(name):
@@ -158,9 +171,10 @@ def guarded_apply(grads_and_vars,
         written = protected.values()
         any_bad = tf.logical_or(any_bad, nonfinite.any_written_nonfinite(
             [w for w in written if w.dtype.base_dtype.is_floating]))
-    skip = any_bad
-    if spikes is not None:
-      skip = tf.logical_or(any_bad, spikes.decide(checked, any_bad, loss))
+    decision = reasons_lib.Decision(criteria, criteria_lib.Context(
+        checked, loss, any_bad, dict(tower_values or {})),
+                                    counters.skipped_steps)
+    skip = decision.skip
     # The predicate waits for the update ops (even without a checked write)
     # through an Identity's control inputs, which Grappler forwards when it
     # removes the Identity. Not a LogicalNot's: that of the fused check's
@@ -171,7 +185,7 @@ def guarded_apply(grads_and_vars,
       all_finite = tf.identity(all_finite, name="all_finite")
 
     def _on_skip():
-      if spikes is None or not branch_ops:
+      if len(decision.counters) == 1 or not branch_ops:
         return [b.on_skip() for b in branch_ops]
       # Built in the branch functions, so they run only on a non-finite skip.
       return [tf.cond(any_bad, lambda: tf.group(*[b.on_skip()
@@ -184,7 +198,8 @@ def guarded_apply(grads_and_vars,
         with tf1.control_dependencies([update]):
           steps = [protected.commit(written if saved_before else None),
                    _increment(counters.applied_steps),
-                   *[b.on_apply() for b in branch_ops + spike_ops],
+                   *[b.on_apply() for b in branch_ops],
+                   *decision.on_apply(),
                    tf1.assign(counters.consecutive_skips,
                               tf.constant(0, dtype=tf.int64))]
           if global_step is not None and not increment_global_step_on_skip:
@@ -194,20 +209,15 @@ def guarded_apply(grads_and_vars,
 
     def _skip_branch():
       with tf1.name_scope("skip"):
-        # A spike is counted before the skip (`spikes.read_reasons` reads
-        # in the other order), so another worker's read of both never sees
-        # a skip without its reason: nonfinite_skips is their difference.
-        spike_counts = [b.on_skip() for b in spike_ops]
-        with tf1.control_dependencies(spike_counts):
-          skipped = _increment(counters.skipped_steps)
-        steps = [protected.restore(), skipped, *_on_skip(),
+        steps = [protected.restore(), _increment(counters.skipped_steps),
+                 *decision.on_skip(), *_on_skip(),
                  _increment(counters.consecutive_skips)]
         with tf1.control_dependencies(steps):
           return tf.identity(tf.constant(False))
 
     touched = ([v for _, v in checked] + protected.variables + list(counters) +
                ([global_step] if global_step is not None else []) +
-               (spikes.variables if spikes is not None else []))
+               decision.variables)
     with rollback.control_flow_for(touched):
       applied, flags, update_flags = tf.cond(
           all_finite,
@@ -228,5 +238,5 @@ def guarded_apply(grads_and_vars,
       update_flags=update_flags,
       update_variable_names=[v.op.name for v in checked_writes],
       counters=counters_lib.read_after(counters, train_op),
-      spikes=(spikes.report(train_op, counters.skipped_steps)
-              if spikes is not None else None))
+      spikes=spikes.report(train_op) if spikes is not None else None,
+      reasons=decision.report(train_op))

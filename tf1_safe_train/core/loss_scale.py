@@ -13,8 +13,8 @@ import collections
 
 import tensorflow as tf
 
+from tf1_safe_train.core import criteria
 from tf1_safe_train.core import gradients
-from tf1_safe_train.core import spikes
 
 tf1 = tf.compat.v1
 
@@ -56,7 +56,7 @@ class DynamicLossScale(object):
         (skipped) step in a row and on each one after it; an applied step
         ends the streak. 1 (default): every skip halves it. Above 1 the
         streak is a checkpointed variable, `<name>/overflow_streak`
-        (`spikes.OPTIONAL_STATE`: a checkpoint without it restores, the
+        (`criteria.OPTIONAL_STATE`: a checkpoint without it restores, the
         streak starting at 0); at 1 there is none.
       name: variable name scope.
 
@@ -98,7 +98,7 @@ class DynamicLossScale(object):
             "overflow_streak", initializer=tf.constant(0, tf.int64),
             trainable=False, use_resource=True,
             collections=[tf1.GraphKeys.GLOBAL_VARIABLES,
-                         spikes.OPTIONAL_STATE])
+                         criteria.OPTIONAL_STATE])
 
   @property
   def variables(self):

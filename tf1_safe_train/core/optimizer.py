@@ -12,10 +12,12 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import criteria as criteria_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import per_device
+from tf1_safe_train.core import protecting
 from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
@@ -33,6 +35,7 @@ GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
 class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
+                             protecting.Protecting,
                              per_device.PerDeviceSteps, tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 
@@ -77,6 +80,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                loss_scale=None,
                strict=False,
                skip_spikes=None,
+               criteria=(),
                check_runs=True,
                name="SkipNonFinite"):
     """Creates the wrapper.
@@ -98,6 +102,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         what a skip cannot undo or count once (writes outside the decision,
         several guarded steps in one run, global_step advanced twice),
         raise instead of warning (see `run_check`).
+      skip_spikes: None, or a `SpikeConfig` (or its sigma): also skip a
+        finite step whose gradient norm (or loss) is a spike.
+      criteria: more skip criteria (`criteria.Criterion` objects): a step
+        one of them decides to skip is skipped, labelled and counted with
+        its reason.
       check_runs: if True (default), the first `session.run` (or callable)
         of each distinct set of fetches that executes a step of this
         wrapper is checked, whoever runs it (`run_check`); later runs of
@@ -106,7 +115,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
 
     Raises:
       TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`.
-      ValueError: for an unknown `loss_scale` or a bad `skip_spikes`.
+      ValueError: for an unknown `loss_scale`, a bad `skip_spikes` or a
+        bad criterion.
     """
     if not isinstance(optimizer, tf1.train.Optimizer):
       # (A Keras optimizer too: its updates are not a tf.compat.v1 step.)
@@ -128,6 +138,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._check_runs = check_runs
     self._spike_config = (None if skip_spikes is None
                           else spikes_lib.SpikeConfig.of(skip_spikes))
+    self._criteria = list(criteria)
+    criteria_lib.with_nonfinite(self._criteria)  # Refused now, not later.
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
     # {id(variable): (variable, gradient)} compute_gradients returned since
@@ -170,7 +182,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     return pairs
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
-                      *, tower_grads_and_vars=None, loss=None):
+                      *, tower_grads_and_vars=None, loss=None,
+                      tower_values=None):
     """Applies the gradients if all are finite; otherwise skips the step.
 
     Args:
@@ -183,9 +196,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         and its device. The decision stays on `grads_and_vars` (a tower's
         NaN or Inf reaches the average); the towers' checks only feed the
         report.
-      loss: optional, the step's loss for loss-spike skips (default: the
-        mean of the losses given to `compute_gradients` since the last
-        step).
+      loss: optional, the step's loss for the criteria, e.g. loss-spike
+        skips (default: the mean of the losses given to
+        `compute_gradients` since the last step).
+      tower_values: optional dict of per-tower tensors (first axis the
+        tower) for the criteria (`criteria.Context.towers`).
 
     Returns:
       The step's train op.
@@ -199,7 +214,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
 
     result = self._build_step(grads_and_vars, global_step, apply_fn,
-                              [(self._optimizer, grads_and_vars)], loss)
+                              [(self._optimizer, grads_and_vars)], loss,
+                              tower_values)
     towers, devices = None, None
     if tower_grads_and_vars is not None:
       towers, devices = step_report.tower_flags(grads_and_vars,
@@ -208,7 +224,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     return result.train_op
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
-                  optimizers_and_pairs, loss=None):
+                  optimizers_and_pairs, loss=None, tower_values=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
     keras_route.check_graph_mode()
     if self._last_result is not None:
@@ -234,7 +250,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       # Keras 2 (`compile(optimizer=...)`) runs its model's updates next to
       # the step, and tells the optimizer nothing of them.
       update_ops += keras_route.compiling_model_updates(update_ops)
-    known = _graph_variables()
+    known = protecting.graph_variables()
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
@@ -248,9 +264,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     detector = None
     if self._spike_config is not None:
       detector = spikes_lib.SpikeDetector(self._spike_config)
-      if loss is None and losses:
-        loss = tf.add_n(losses) / float(len(losses))
-
+    if loss is None and losses and (detector or self._criteria):
+      loss = tf.add_n(losses) / float(len(losses))
     result = guard.guarded_apply(
         grads_and_vars,
         apply_fn,
@@ -258,8 +273,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
         branch_ops=[self._loss_scale] if self._loss_scale else [],
-        spikes=detector, loss=loss,
-        name=self._name)
+        spikes=detector, loss=loss, criteria=self._criteria,
+        tower_values=tower_values, name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._note_own_variables(known)
     self._last_result = result
@@ -267,7 +282,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         rollback.written_variables(update_ops) +
         list(counters_lib.skip_counters()) +
         (self._loss_scale.all_variables if self._loss_scale else []) +
-        (detector.variables if detector else []) +
+        result.reasons.variables +
         ([global_step] if global_step is not None else []))
     self._run_step = write_check.Step(
         result.applied, result.train_op, global_step,
@@ -278,83 +293,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       run_check.watch(self._run_step)
     return result
 
-  def protect(self, op, name="protect"):
-    """Returns `op`, made to change nothing on a skipped step.
-
-    `op` (or a list of ops) runs as before; once the last built step is
-    decided, every variable it wrote takes back its value from before the
-    step if the step was skipped (a shadow copy, taken on applied steps, as
-    for moving statistics: see `rollback`). So an `ExponentialMovingAverage`
-    built after `apply_gradients` and grouped into the train op leaves its
-    shadows bit-identical on a skipped step. `op` may be the whole train op:
-    the variables the step itself handles (`global_step`, the skip counters,
-    the rolled-back `UPDATE_OPS` targets, and everything the wrapped
-    optimizer updates inside the decision) are left to it.
-
-    Each written variable costs one shadow (see `rollback.protect`).
-
-    Args:
-      op: an Operation or Tensor (or a list of them) built after
-        `apply_gradients`, e.g. `ema.apply(...)` or
-        `tf.group(apply_gradient_op, variables_averages_op)`.
-      name: name scope of the added ops.
-
-    Returns:
-      An Operation that runs `op` and then keeps or undoes what it wrote;
-      for a Tensor `op`, a Tensor of its value that does so (tf-slim's
-      `train_tensor`, whose value the training loop logs).
-
-    Raises:
-      ValueError: if `apply_gradients` has not been called, or `op` writes
-        something that is not a global or local variable.
-    """
-    result = self._result()
-    known = _graph_variables()
-    protected = rollback.protect(
-        [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
-        {v.op.name for v in self._step_variables}, self._step_roots, name)
-    self._note_own_variables(known)
-    if isinstance(op, tf.Tensor):
-      with tf1.control_dependencies([protected]):
-        return tf.identity(op, name=name + "_value")
-    return protected
-
-  def _note_own_variables(self, known):
-    """Notes the graph's variables not in `known` (ids) as the wrapper's."""
-    self._own_variables += [
-        v for v in tf1.global_variables() + tf1.local_variables()
-        if id(v) not in known]
-
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)
 
   def get_slot_names(self):
     return self._optimizer.get_slot_names()
-
-  def variables(self):
-    """The wrapped optimizer's variables, then the wrapper's in this graph.
-
-    The wrapper's: the skip counters and whatever its steps and `protect`
-    created (shadows, loss scale, spike statistics). Keras 2 initializes
-    what this returns (`compile(optimizer=SkipNonFiniteOptimizer(...))`).
-    """
-    graph = tf1.get_default_graph()
-    own = [v for v in self._own_variables if v.graph is graph]
-    if self._loss_scale is not None:  # Made with the wrapper, not a step.
-      own += [v for v in self._loss_scale.all_variables
-              if v.graph is graph]
-    if (self._last_result is not None and
-        self._last_result.applied.graph is graph):
-      own = list(counters_lib.skip_counters(graph)) + own
-    found = list(self._optimizer.variables())
-    seen = {id(v) for v in found}
-    for v in own:
-      if id(v) not in seen:
-        seen.add(id(v))
-        found.append(v)
-    return found
-
-
-def _graph_variables():
-  """Ids of the default graph's global and local variables."""
-  return {id(v) for v in tf1.global_variables() + tf1.local_variables()}

@@ -28,7 +28,9 @@ FILENAME = "skips.jsonl"
 #   step: global_step at the start of the skipped step (int).
 #   worker: task index of the worker that ran it (0 alone).
 #   time: seconds since the epoch when it was recorded (float).
-#   reason: "nonfinite" (or another reason the decision knows, e.g. "spike").
+#   reason: the label of the skip criterion that fired first ("nonfinite",
+#     "spike", a criterion's own `reason`); a record with "dry_run": true
+#     is a dry-run criterion's would-be skip of a step that was applied.
 #   towers: list of per-tower dicts (index, device, nonfinite, loss,
 #     example_ids, batch_hash, variables), as much as the writer knows.
 RECORD_KEYS = ("step", "worker", "time", "reason", "towers")

@@ -6,11 +6,14 @@ value exceeds the running mean by more than `sigma` standard deviations is
 skipped by the same `tf.cond` as a non-finite step (`guard.guarded_apply`),
 so nothing of the model moves on it either.
 
+The detector is a skip criterion (`criteria.Criterion`, reason "spike").
 The statistics are graph variables (checkpointed), written only in the apply
 branch and only from finite values, so neither a spike nor a NaN step ever
 touches them. A streak of `max_streak` spike skips is a regime change, not a
 spike: the detector then re-warms (forgets its history) instead of skipping
-for ever.
+for ever. In a dry run (`SpikeConfig(dry_run=True)`) it skips nothing: a
+would-be spike is reported and counted, and folded into the statistics as
+the applied step it is.
 """
 
 import collections
@@ -19,22 +22,23 @@ import math
 import tensorflow as tf
 
 from tf1_safe_train.core import checks
+from tf1_safe_train.core import criteria
 
 tf1 = tf.compat.v1
 
+REASON = "spike"
 # Variables a checkpoint written without the option lacks: a resume
 # initialises them afresh (the warm-up restarts) instead of failing.
-OPTIONAL_STATE = "tf1_safe_train_optional_state"
-# The spike_skips variable, once per graph (as the skip counters).
-SPIKE_SKIPS_COLLECTION = "tf1_safe_train_spike_skips"
+OPTIONAL_STATE = criteria.OPTIONAL_STATE
+# The reasons' counters (spike_skips among them), once per graph.
+SPIKE_SKIPS_COLLECTION = criteria.COUNTERS_COLLECTION
 
 ReasonCounters = collections.namedtuple("ReasonCounters",
                                         ["nonfinite_skips", "spike_skips"])
 ReasonCounters.__doc__ = """Skipped steps by reason (int64 tensors).
 
-Their sum is `skipped_steps`. Only `spike_skips` is a variable (created
-with the option), so the non-finite count stays right in a run resumed
-from a checkpoint written before the option was on.
+Their sum is `skipped_steps` (each a counter of its own, incremented by
+the skip branch: `reasons.Decision`).
 """
 
 SpikeReport = collections.namedtuple("SpikeReport", [
@@ -55,39 +59,24 @@ Attributes:
 """
 
 
-def _state_variable(name, value):
-  return tf1.Variable(value, name=name, trainable=False, collections=[
-      tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
+_state_variable = criteria.state_variable
 
 
 def spike_skips_variable(graph=None):
   """The graph's int64 `spike_skips` variable, created on first use."""
-  graph = graph or tf1.get_default_graph()
-  existing = graph.get_collection(SPIKE_SKIPS_COLLECTION)
-  if existing:
-    return existing[0]
-  with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
-    variable = _state_variable("spike_skips", tf.constant(0, tf.int64))
-  graph.add_to_collection(SPIKE_SKIPS_COLLECTION, variable)
-  return variable
+  return criteria.counter(REASON + "_skips", graph)
 
 
-def read_reasons(skipped_steps, op):
-  """`ReasonCounters` read after `op`; `skipped_steps` is the variable.
-
-  Async workers skip while one reads: skips are read before spikes, which
-  a skip counts first (`guard`), so the non-finite count (clipped at 0) is
-  never more than the true one; exact once the other workers stop.
-  """
-  with tf1.name_scope("read_skip_reasons"), tf1.control_dependencies([op]):
-    skipped = skipped_steps.read_value()
-    with tf1.control_dependencies([skipped]):
-      spike = tf.identity(spike_skips_variable().read_value())
-    return ReasonCounters(tf.maximum(skipped - spike, 0), spike)
+def read_reasons(unused_skipped_steps, op):
+  """`ReasonCounters` (the two reasons' counters) read after `op`."""
+  with tf1.name_scope("read_spike_reasons"), tf1.control_dependencies([op]):
+    return ReasonCounters(*[
+        tf.identity(criteria.counter(r + "_skips").read_value())
+        for r in (criteria.NONFINITE, REASON)])
 
 
 class SpikeConfig(collections.namedtuple(
-    "SpikeConfig", "sigma warmup_steps max_streak loss decay")):
+    "SpikeConfig", "sigma warmup_steps max_streak loss decay dry_run")):
   """What a step calls a spike.
 
   Attributes:
@@ -99,13 +88,15 @@ class SpikeConfig(collections.namedtuple(
       a loss <= 0 is never a spike and never enters the statistics).
     decay: the statistics' moving-average decay once warm (the first
       1 / (1 - decay) values are averaged evenly).
+    dry_run: report and count what would be skipped (`spike_would_skips`),
+      skip nothing: how a threshold is calibrated before it is trusted.
   """
   __slots__ = ()
 
   def __new__(cls, sigma, warmup_steps=100, max_streak=10, loss=False,
-              decay=0.99):
+              decay=0.99, dry_run=False):
     return super(SpikeConfig, cls).__new__(cls, sigma, warmup_steps,
-                                           max_streak, loss, decay)
+                                           max_streak, loss, decay, dry_run)
 
   @classmethod
   def of(cls, value):
@@ -124,8 +115,10 @@ class SpikeConfig(collections.namedtuple(
       if not (checks.is_int(value) and value >= 1):
         raise ValueError("skip_spikes: %s=%r must be an integer >= 1" %
                          (name, value))
-    if not isinstance(self.loss, bool):
-      raise ValueError("skip_spikes: loss=%r must be a boolean" % (self.loss,))
+    for name in ("loss", "dry_run"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError("skip_spikes: %s=%r must be a boolean" %
+                         (name, getattr(self, name)))
     if not (checks.is_number(self.decay) and 0 < self.decay < 1):
       raise ValueError("skip_spikes: decay=%r must be in (0, 1)" %
                        (self.decay,))
@@ -156,18 +149,25 @@ class _LogStats(object):
     return [tf1.assign(self.mean, new_mean), tf1.assign(self.var, new_var)]
 
 
-class SpikeDetector(object):
-  """The spike half of a step's decision (`guard.guarded_apply(spikes=)`).
+class SpikeDetector(criteria.Criterion):
+  """The spike criterion of a step's decision (reason "spike").
 
   `decide` builds the spike flag before the `tf.cond`; `on_apply` and
-  `on_skip` build the statistics' and counters' updates inside its branches.
+  `on_skip` build the statistics' and streak's updates inside its branches.
   """
+
+  reason = REASON
+
+  @property
+  def needs_loss(self):
+    return self.config.loss
 
   def __init__(self, config):
     """Creates the state variables (under `init_scope`, at the root name
     scope, on the current device: a parameter server under a
     `replica_device_setter`)."""
     self.config = SpikeConfig.of(config)
+    self.dry_run = self.config.dry_run
     with tf1.init_scope(), tf1.get_default_graph().name_scope(None):
       with tf1.name_scope("spike_stats"):
         self._count = _state_variable("applied", tf.constant(0, tf.int64))
@@ -175,36 +175,29 @@ class SpikeDetector(object):
         self._rewarms = _state_variable("rewarms", tf.constant(0, tf.int64))
         self._grad = _LogStats("grad_norm")
         self._loss = _LogStats("loss") if self.config.loss else None
-    self._spike_skips = spike_skips_variable()
 
   @property
   def variables(self):
     stats = [self._grad] + ([self._loss] if self._loss else [])
-    return ([self._count, self._streak, self._rewarms, self._spike_skips] +
+    return ([self._count, self._streak, self._rewarms] +
             [v for s in stats for v in (s.mean, s.var)])
 
-  def decide(self, grads_and_vars, nonfinite, loss=None):
+  def decide(self, context):
     """Builds the step's spike flag (before the decision).
 
-    Args:
-      grads_and_vars: the checked (gradient, variable) pairs; the norm is
-        over the trainable variables' gradients (not statistics deltas).
-      nonfinite: bool scalar, the step's non-finite verdict: such a step is
-        skipped for that reason, never called a spike.
-      loss: float scalar, the step's loss; needed when the loss is watched.
-
-    Returns:
-      A bool scalar tensor, True to skip the step as a spike.
+    The norm is over the trainable variables' gradients (not statistics
+    deltas); a non-finite step is skipped for that reason, never called a
+    spike.
 
     Raises:
-      ValueError: if the loss is watched and `loss` is None.
+      ValueError: if the loss is watched and the context has none.
     """
     config = self.config
-    if config.loss and loss is None:
+    if config.loss and context.loss is None:
       raise ValueError("skip_spikes with loss=True needs the step's loss "
                        "(none was given to compute_gradients or "
                        "apply_gradients(loss=))")
-    grads = [g for g, v in grads_and_vars
+    grads = [g for g, v in context.grads_and_vars
              if g is not None and getattr(v, "trainable", True)]
     with tf1.name_scope("spikes"):
       # float32 whatever the gradients' dtype; an overflow to +inf is a
@@ -216,23 +209,28 @@ class SpikeDetector(object):
       warm = self._count.read_value() >= config.warmup_steps
       limit = self._grad.threshold(config.sigma, warm)
       spike = self._x["grad"] > limit
-      report = {"grad_norm": norm, "grad_threshold": tf.exp(limit)}
+      values = {"grad_norm": norm, "grad_threshold": tf.exp(limit)}
       if self._loss is not None:
-        loss = tf.cast(loss, tf.float32)
+        loss = tf.cast(context.loss, tf.float32)
         self._x["loss"] = tf.math.log(loss)
         loss_limit = self._loss.threshold(config.sigma, warm)
         spike = tf.logical_or(spike, self._x["loss"] > loss_limit)
-        report.update(loss=loss, loss_threshold=tf.exp(loss_limit))
-      spike = tf.logical_and(spike, tf.logical_not(nonfinite), name="spike")
-      self._nonfinite = nonfinite
+        values.update(loss=loss, loss_threshold=tf.exp(loss_limit))
+      spike = tf.logical_and(spike, tf.logical_not(context.nonfinite),
+                             name="spike")
       self._spike = spike
+      # (A dry run applies its spikes: no streak, no re-warm.)
       self._rewarm = tf.logical_and(
           spike, self._streak.read_value() + 1 >= config.max_streak,
-          name="rewarm")
-    self._report = report
+          name="rewarm") if not self.dry_run else tf.constant(False)
+    values["rewarm"] = self._rewarm
+    self._values = values
     return spike
 
-  def on_apply(self):
+  def values(self):
+    return self._values
+
+  def on_apply(self, context):
     """Op for the apply branch: fold the step's finite values in."""
     count = self._count.read_value() + 1
     rate = tf.maximum(1.0 / tf.cast(count, tf.float32),
@@ -244,14 +242,13 @@ class SpikeDetector(object):
             tf1.assign(self._streak, tf.constant(0, tf.int64))]
     return tf.group(*ops, name="spikes_on_apply")
 
-  def on_skip(self):
-    """Op for the skip branch: count the reason; re-warm after a streak."""
+  def on_skip(self, context):
+    """Op for the skip branch: the streak; re-warm after a long one."""
     spike = tf.cast(self._spike, tf.int64)
     rewarm = self._rewarm
     streak = self._streak.read_value() + spike
     zero = tf.constant(0, tf.int64)
     return tf.group(
-        tf1.assign_add(self._spike_skips, spike),
         tf1.assign(self._streak, tf.where(rewarm, zero, streak)),
         # Forgetting the count restarts the statistics at the next value.
         tf1.assign(self._count, tf.where(rewarm, zero,
@@ -259,44 +256,35 @@ class SpikeDetector(object):
         tf1.assign_add(self._rewarms, tf.cast(rewarm, tf.int64)),
         name="spikes_on_skip")
 
-  def report(self, op, skipped_steps):
-    """The step's `SpikeReport`, its counters read after `op`."""
-    reasons = read_reasons(skipped_steps, op)
+  def describe(self, values):
+    """"gradient norm N > threshold T[, loss ...][; ... re-warms]"."""
+    parts = []
+    if values["grad_norm"] > values["grad_threshold"]:
+      parts.append("gradient norm %.4g > threshold %.4g" %
+                   (values["grad_norm"], values["grad_threshold"]))
+    if values.get("loss") is not None and (
+        values["loss"] > values["loss_threshold"]):
+      parts.append("loss %.4g > threshold %.4g" %
+                   (values["loss"], values["loss_threshold"]))
+    line = ", ".join(parts) or "-"
+    if values["rewarm"]:
+      line += ("; a streak of spike skips is a regime change: the spike "
+               "detector re-warms")
+    return line
+
+  def record(self, values):
+    return {k: (bool(v) if k == "rewarm" else float(v))
+            for k, v in values.items()}
+
+  def report(self, op):
+    """The step's `SpikeReport` (`GuardResult.spikes`), read after `op`."""
+    reasons = read_reasons(None, op)
     with tf1.name_scope("read_spikes"), tf1.control_dependencies([op]):
       rewarms = tf.identity(self._rewarms.read_value())
     return SpikeReport(
         spike=self._spike, rewarm=self._rewarm,
-        grad_norm=self._report["grad_norm"],
-        grad_threshold=self._report["grad_threshold"],
-        loss=self._report.get("loss"),
-        loss_threshold=self._report.get("loss_threshold"),
+        grad_norm=self._values["grad_norm"],
+        grad_threshold=self._values["grad_threshold"],
+        loss=self._values.get("loss"),
+        loss_threshold=self._values.get("loss_threshold"),
         reasons=reasons, rewarms=rewarms)
-
-
-def describe(step, values):
-  """The line of a spike skip from a fetched `SpikeReport`'s values, or None."""
-  if not values["spike"]:
-    return None
-  parts = []
-  if values["grad_norm"] > values["grad_threshold"]:
-    parts.append("gradient norm %.4g > threshold %.4g" %
-                 (values["grad_norm"], values["grad_threshold"]))
-  if values.get("loss") is not None and (
-      values["loss"] > values["loss_threshold"]):
-    parts.append("loss %.4g > threshold %.4g" %
-                 (values["loss"], values["loss_threshold"]))
-  line = "skipped step %d: spike, %s" % (step, ", ".join(parts) or "-")
-  if values["rewarm"]:
-    line += ("; a streak of spike skips is a regime change: the spike "
-             "detector re-warms")
-  return line
-
-
-def fetches(report):
-  """The dict of `report`'s tensors that `describe` reads."""
-  out = {"spike": report.spike, "rewarm": report.rewarm,
-         "grad_norm": report.grad_norm,
-         "grad_threshold": report.grad_threshold}
-  if report.loss is not None:
-    out.update(loss=report.loss, loss_threshold=report.loss_threshold)
-  return out

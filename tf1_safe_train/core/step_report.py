@@ -4,20 +4,17 @@ The trainer's report (step, towers and their devices, variables) for legacy
 code: a `StepReport` holds the tensors to fetch with the train op and turns
 their values into one line; `StepReportHook` does both in a
 `MonitoredTrainingSession` and checks each new train op it sees
-(`write_check`).
+(`write_check`). The wrapper's methods that use them are `reporting`'s.
 """
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train.core import guard
 from tf1_safe_train.core import hooks
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import raw_gradients
-from tf1_safe_train.core import rollback
-from tf1_safe_train.core import spikes
-from tf1_safe_train.core import write_check
+from tf1_safe_train.core import reasons
 
 tf1 = tf.compat.v1
 
@@ -98,8 +95,30 @@ class StepReport(object):
       self.fetches["towers"] = tower_flags
     elif raw_flags is not None:
       self.fetches["raw_flags"] = raw_flags
-    if result.spikes is not None:
-      self.fetches["spikes"] = spikes.fetches(result.spikes)
+    self.reasons = result.reasons
+    if result.reasons is not None:
+      self.fetches["criteria"] = result.reasons.fetches
+
+  def label(self, values):
+    """The reason of a run's skip from its fetched `fetches` (None if the
+    step was applied): its first criterion that fired."""
+    if values["applied"]:
+      return None
+    if "criteria" not in values:
+      return reasons.NONFINITE
+    return self.reasons.label(values["criteria"])
+
+  def would_skip(self, values):
+    """The reasons of dry-run criteria that would have skipped the run."""
+    if not values["applied"] or "criteria" not in values:
+      return []
+    return [c.reason for c in self.reasons.would_skip(values["criteria"])]
+
+  def dry_run_lines(self, values):
+    """One line per dry-run criterion that would have skipped the run."""
+    return [self.reasons.describe(int(values["step"]), reason,
+                                  values["criteria"], dry_run=True)
+            for reason in self.would_skip(values)]
 
   def describe(self, values):
     """The report line of a run's fetched `fetches`, or None if applied.
@@ -115,8 +134,9 @@ class StepReport(object):
     if values["applied"]:
       return None
     step = int(values["step"])
-    if "spikes" in values and values["spikes"]["spike"]:
-      return spikes.describe(step, values["spikes"])
+    reason = self.label(values)
+    if reason != reasons.NONFINITE:
+      return self.reasons.describe(step, reason, values["criteria"])
     flags = np.asarray(values["flags"], dtype=bool)
     if "towers" in values and flags.any():
       line = hooks.describe_skip(step, values["towers"], flags,
@@ -198,6 +218,7 @@ class StepReportHook(hooks.GatedHook):
     self._fetches = report.fetches
     self._check_fn = check_fn
     self.reports = []
+    self.dry_run_reports = []
 
   def check_new_run(self, ops):
     super(StepReportHook, self).check_new_run(ops)
@@ -207,119 +228,10 @@ class StepReportHook(hooks.GatedHook):
   def after_run(self, run_context, run_values):
     if not self._fetched:
       return
+    for line in self._report.dry_run_lines(run_values.results):
+      self.dry_run_reports.append(line)
+      logging.warning("%s", line)
     line = self._report.describe(run_values.results)
     if line:
       self.reports.append(line)
       logging.warning("%s", line)
-
-
-class Reporting(object):
-  """`SkipNonFiniteOptimizer`'s last step: its result, report and checks.
-
-  The wrapper sets `_last_result`, `_report` (via `_set_report`),
-  `_step_variables` and `_strict`, and provides `_name` and
-  `_increment_global_step_on_skip`.
-  """
-
-  _report = None
-  _report_args = None
-  _last_result = None
-
-  def applied(self):
-    """The bool tensor of the last built step: True if it was applied."""
-    return self._result().applied
-
-  def guard_result(self):
-    """The `guard.GuardResult` of the last `apply_gradients` call."""
-    return self._result()
-
-  def _result(self):
-    if self._last_result is None:
-      raise ValueError("apply_gradients (or minimize) has not been called")
-    return self._last_result
-
-
-  def _set_report(self, result, global_step, towers, devices,
-                  raw_grads=None):
-    """Notes the last step's report; built when first asked for, so a step
-    nobody reports on (the trainer's, which has its own) adds no op."""
-    self._report = None
-    self._report_args = (result, global_step, towers, devices, raw_grads)
-
-  def _built_report(self):
-    if self._report is None:
-      self._result()  # Raises the usual error before any step.
-      result, global_step, towers, devices, raw_grads = self._report_args
-      raw_flags = None
-      with tf1.name_scope(self._name + "_report"):
-        step = step_index(result, global_step,
-                          self._increment_global_step_on_skip)
-        if raw_grads is not None and towers is None:
-          raw_flags = raw_gradients.flags(raw_grads, result.applied)
-      self._report = StepReport(step, result, towers, devices, raw_flags)
-    return self._report
-
-  def report_fetches(self, train_op=None):
-    """What to fetch with the train op to report a skip (see `describe_skip`).
-
-    In a plain `session.run` loop:
-
-        report = opt.report_fetches(train_op)
-        _, values = sess.run([train_op, report], feed_dict)
-        line = opt.describe_skip(values)  # None on an applied step
-
-    Args:
-      train_op: optional, the train op the loop runs: it is checked now as
-        `check_train_op` does (`report_hook()` checks what each run fetches).
-
-    Returns:
-      A dict of tensors of the last built step.
-    """
-    report = self._built_report()
-    if train_op is not None:
-      self.check_train_op(train_op)
-    return report.fetches
-
-  def describe_skip(self, values):
-    """The skip report line from the fetched `report_fetches()`, or None.
-
-    Like the trainer's: "skipped step 7: non-finite gradients in tower 1
-    (/device:GPU:1); variables: conv1/weights" (towers when known:
-    `tower_grads_and_vars=` or `apply_gradients_per_device`).
-    """
-    return self._built_report().describe(values)
-
-  def report_hook(self):
-    """A `SessionRunHook` that logs the report of every skipped step.
-
-    For `MonitoredTrainingSession(hooks=[opt.report_hook()])`. It fetches
-    only on runs that run the step, and checks (`check_train_op`) each new
-    set of fetched ops before it runs. `reports` holds the lines logged.
-    """
-    return StepReportHook(self._built_report(), self.check_train_op)
-
-  def check_train_op(self, train_op):
-    """Names what `train_op` writes outside the skip decision.
-
-    Warns once, listing every variable a run of `train_op` writes that a
-    skipped step would change (an `ExponentialMovingAverage` without
-    `protect()`, update ops grouped after `apply_gradients`, a hand-written
-    assign), and a global_step the script advances too; with `strict=True`
-    raises instead. (The first run of the step is checked so anyway,
-    unless the wrapper was built with `check_runs=False`: `run_check`.)
-
-    Args:
-      train_op: an Operation or Tensor, or a list of them (what a run
-        fetches).
-
-    Returns:
-      The list of those variables' names (empty if none), then
-      "<global_step> (advanced twice: also by <ops>)" if so.
-
-    Raises:
-      ValueError: if `strict` and something is written outside the
-        decision, or if `train_op` runs more than one guarded step.
-    """
-    self._result()  # Raises the usual error before any step.
-    ops = [rollback.as_op(o) for o in tf.nest.flatten(train_op)]
-    return write_check.check(ops, self._run_step)

@@ -8,6 +8,8 @@ records the finite values and counts the others in a scalar instead.
 
 import tensorflow as tf
 
+from tf1_safe_train.core import reasons
+
 tf1 = tf.compat.v1
 
 
@@ -57,3 +59,20 @@ def gradient_histograms(grads_and_vars, collections=None):
   merged = [histogram(v.op.name + "/gradients", g, collections=collections)
             for g, v in grads_and_vars if g is not None]
   return tf1.summary.merge(merged) if merged else tf.constant("")
+
+
+def skip_reasons(optimizer, collections=None):
+  """Scalars `skips/<reason>_skips` of the last step `optimizer` built.
+
+  One per skip criterion (`skips/nonfinite_skips`, `skips/spike_skips`,
+  a dry run's `skips/spike_would_skips`, ...), named as the trainer's.
+
+  Args:
+    optimizer: a `SkipNonFiniteOptimizer` after `apply_gradients`.
+    collections: as for `histogram`.
+
+  Returns:
+    A scalar string tensor, the summaries merged.
+  """
+  return tf1.summary.merge(reasons.add_summaries(
+      optimizer.guard_result().reasons.counts, collections))

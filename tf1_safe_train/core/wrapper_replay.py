@@ -15,7 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import op_walk
+from tf1_safe_train.core import reasons
 from tf1_safe_train.core import replay as replay_lib
+from tf1_safe_train.core import reporting
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import step_report
 
@@ -23,7 +25,7 @@ tf1 = tf.compat.v1
 
 
 def skip_record(values, variable_names, update_names, tower_devices,
-                device, worker):
+                device, worker, reason="nonfinite", fields=None):
   """The `skip_log` record of a skipped step from its fetched report values.
 
   Args:
@@ -34,6 +36,9 @@ def skip_record(values, variable_names, update_names, tower_devices,
     tower_devices: the towers' devices when the report knows towers.
     device: the device of the gradients, for a report without towers.
     worker: the worker's task index.
+    reason: the skip's label (`StepReport.label`), or a dry-run
+      criterion's would-be skip.
+    fields: more fields (the criterion's values: `reasons.Report.record`).
   """
   flags = np.asarray(values["flags"], bool)
   bad_names = [n for n, bad in zip(variable_names, flags) if bad]
@@ -49,8 +54,8 @@ def skip_record(values, variable_names, update_names, tower_devices,
             for i, bad in enumerate(tower_bad)]
   update_flags = np.asarray(values["update_flags"], bool)
   return {"step": int(values["step"]), "worker": worker, "time": time.time(),
-          "reason": "nonfinite" if flags.any() or update_flags.any()
-                    else "other",
+          "reason": reason,
+          **(fields or {}),
           "towers": towers,
           "variables": bad_names,
           "update_variables": [n for n, bad in zip(update_names, update_flags)
@@ -70,15 +75,27 @@ class SkipLogHook(step_report.StepReportHook):
     self._max_replays = max_replays
     self.replays = 0
 
+  def _record(self, values, reason, **extra):
+    report = self._report
+    fields = (report.reasons.record(reason, values["criteria"])
+              if reason != reasons.NONFINITE else {})
+    return skip_record(
+        values, report._variable_names, report._update_names,  # pylint: disable=protected-access
+        report._tower_devices, self._device, self._worker, reason,  # pylint: disable=protected-access
+        dict(fields, **extra))
+
   def after_run(self, run_context, run_values):
     logged = len(self.reports)
     super(SkipLogHook, self).after_run(run_context, run_values)
+    values = run_values.results
+    if self._fetched and self._log_path is not None:
+      for reason in self._report.would_skip(values):
+        # Applied: a dry run's record says what would have been skipped.
+        skip_log.append(self._log_path,
+                        self._record(values, reason, dry_run=True))
     if len(self.reports) == logged:
       return  # Not fetched, or applied.
-    report = self._report
-    record = skip_record(
-        run_values.results, report._variable_names, report._update_names,  # pylint: disable=protected-access
-        report._tower_devices, self._device, self._worker)  # pylint: disable=protected-access
+    record = self._record(values, self._report.label(values))
     feed_dict = run_context.original_args.feed_dict
     if self._probe is not None and self.replays < self._max_replays:
       if feed_dict:
@@ -103,7 +120,7 @@ class SkipLogHook(step_report.StepReportHook):
       skip_log.append(self._log_path, record)
 
 
-class Replaying(step_report.Reporting):
+class Replaying(reporting.Reporting):
   """`SkipNonFiniteOptimizer`'s replay of a batch, and its skips.jsonl hook.
 
   The wrapper calls `_note_replay_outputs` with each step's losses and

@@ -35,8 +35,8 @@ import os
 from absl import logging
 import tensorflow as tf
 
+from tf1_safe_train.core import criteria
 from tf1_safe_train.core import hooks as core_hooks
-from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import checkpoint_rollback_target
@@ -153,9 +153,9 @@ class RollbackHook(core_hooks.GiveUpHook):
     # counts, the longest streak...) are run bookkeeping, except
     # applied_steps: it counts the updates the model holds.
     counters = self._step.variables["counters"]
-    # spike_skips too: nonfinite_skips is skipped_steps minus it.
+    # Every reason's counter too (`criteria.counter`), as skipped_steps.
     kept = (list(self._state) + tf1.get_collection(KEEP_COLLECTION) +
-            tf1.get_collection(spikes.SPIKE_SKIPS_COLLECTION))
+            tf1.get_collection(criteria.COUNTERS_COLLECTION))
     for value in self._step.variables.values():
       kept.extend(value if isinstance(value, tuple) else [value])
     kept = set(id(v) for v in kept) - {id(counters.applied_steps)}

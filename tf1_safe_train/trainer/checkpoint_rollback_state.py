@@ -11,7 +11,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train.core import spikes
+from tf1_safe_train.core import criteria
 
 tf1 = tf.compat.v1
 
@@ -46,7 +46,7 @@ def state(graph=None):
     variables = [tf1.Variable(
         value, name=name, trainable=False,
         collections=[tf1.GraphKeys.GLOBAL_VARIABLES, _STATE_COLLECTION,
-                     spikes.OPTIONAL_STATE])
+                     criteria.OPTIONAL_STATE])
                  for name, value in initial._asdict().items()]
   result = State(*variables)
   tf1.summary.scalar("skips/rolled_back_steps", result.rolled_back_steps)

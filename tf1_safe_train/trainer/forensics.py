@@ -4,9 +4,10 @@ After a skipped step (the weights are exactly as it saw them) the hook reads
 each tower's stored batch, replays the offending tower's (`replay_lib`) and
 appends one record to the worker's `skips.jsonl` (`core.skip_log`): step,
 worker, time, reason, towers (index, device, nonfinite, loss, example_ids,
-batch_hash, variables), replay, verdict, seconds; a spike skip (reason
-"spike") has its values and thresholds instead of a replay. It logs one line and
-writes a TensorBoard text and scalar.
+batch_hash, variables), replay, verdict, seconds; a skip for another reason
+(its criterion's label, e.g. "spike"), or a dry-run criterion's would-be
+skip ("dry_run", on an applied step), has the criterion's values instead of
+a replay. It logs one line and writes a TensorBoard text and scalar.
 
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
 turn the run into a replay loop); a skip past the limit still gets its
@@ -31,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.core import reasons as reasons_lib
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import batch_store
 from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import replay_lib
@@ -41,35 +42,20 @@ from tf1_safe_train.trainer import skip_states
 tf1 = tf.compat.v1
 
 SKIPS_DIR = skip_states.SKIPS_DIR
-BATCH_FILE = "batch.npz"
+load_batches = skip_states.load_batches  # (Its old home.)
+BATCH_FILE = skip_states.BATCH_FILE
 PARAMS_FILE = "params.json"
 CHECKPOINT_PREFIX = "state"
 NOT_EXPLAINED = "not explained: --max_explained_skips reached"
-# A finite spike is no fault to find: its values are in the record, and a
-# replay (finite by construction) would only call it "not reproducible" and
-# accuse a device, or, worse, have its examples excluded.
-SPIKE = "spike (finite; not replayed)"
+# A finite skip (a spike, another criterion's) is no fault to find: its values
+# are in the record, and a replay (finite by construction) would only call it
+# "not reproducible" and accuse a device, or worse, exclude its examples.
+FINITE = "%s (finite; not replayed)"
+SPIKE = FINITE % "spike"
+DRY_RUN = "%s would be skipped (dry run: applied; not replayed)"
 OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
             "not replayed")
 LOSS_SCALE_FLOOR = 1.0  # The dynamic loss scale's (hooks.SkipReportHook's).
-
-
-def save_batches(directory, batches):
-  """Writes every tower's (images, labels, ids) to `batch.npz`."""
-  arrays = {}
-  for tower, (images, labels, ids) in enumerate(batches):
-    arrays.update({"images_%d" % tower: images, "labels_%d" % tower: labels,
-                   "ids_%d" % tower: ids})
-  np.savez(os.path.join(directory, BATCH_FILE), **arrays)
-
-
-def load_batches(directory):
-  """The towers' (images, labels, ids) saved by `save_batches`."""
-  with np.load(os.path.join(directory, BATCH_FILE)) as arrays:
-    towers = sum(1 for k in arrays.files if k.startswith("images_"))
-    return [tuple(arrays["%s_%d" % (k, t)] for k in ("images", "labels",
-                                                      "ids"))
-            for t in range(towers)]
 
 
 class ForensicsHook(core_hooks.GatedHook):
@@ -98,8 +84,9 @@ class ForensicsHook(core_hooks.GatedHook):
                      "losses": [t.loss for t in self._forensics.towers]}
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
-    if step.spikes is not None:
-      self._fetches["spikes"] = spikes.fetches(step.spikes)
+    self._reasons = step.reasons
+    if step.reasons is not None:
+      self._fetches["criteria"] = step.reasons.fetches
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -116,17 +103,23 @@ class ForensicsHook(core_hooks.GatedHook):
     self.model_fault = None  # The model verdict's step that stopped the run.
 
   def after_run(self, run_context, run_values):
-    if not self._fetched or run_values.results["applied"]:
+    results = run_values.results
+    if not self._fetched:
+      return
+    if results["applied"]:
+      for would in (self._reasons.would_skip(results["criteria"])
+                    if self._reasons else []):
+        self._record_dry_run(run_context, results, would.reason)
       return
     started = time.time()
-    results = run_values.results
     session = run_context.session
     step = int(results["step"])
-    batches = [self._forensics.store.read(session, t)
-               for t in range(self._forensics.store.num_towers)]
+    batches = self._batches(session)
     flags = [bool(f) for f in np.reshape(results["towers"], [-1])]
+    reason = (self._reasons.label(results["criteria"]) if self._reasons
+              else reasons_lib.NONFINITE)
     record = {"step": step, "worker": self._worker, "time": time.time(),
-              "reason": "nonfinite",
+              "reason": reason,
               "towers": self._towers(results, flags, batches)}
     scale = float(results["scale"]) if "scale" in results else None
     if scale is not None:
@@ -135,14 +128,12 @@ class ForensicsHook(core_hooks.GatedHook):
     # A flagged tower whose input holds NaN/Inf first: that alone is
     # evidence of data, whatever the weights (the record replays one).
     offending.sort(key=lambda t: bool(np.isfinite(batches[t][0]).all()))
-    spike = results.get("spikes")
-    if spike is not None and spike["spike"]:
-      # (The decision never calls a non-finite step a spike.)
-      record.update(reason="spike", verdict=SPIKE, spike={
-          k: (bool(v) if k == "rewarm" else float(v))
-          for k, v in spike.items() if k != "spike"})
-      text = "step %d: %s" % (step, SPIKE)
-      self.verdicts["spike"] += 1
+    if reason != reasons_lib.NONFINITE:
+      # (The non-finite criterion comes first: a NaN step is labelled so.)
+      record.update(verdict=FINITE % reason,
+                    **self._reasons.record(reason, results["criteria"]))
+      text = "step %d: %s" % (step, record["verdict"])
+      self.verdicts[reason] += 1
     elif scale is not None and scale > LOSS_SCALE_FLOOR:
       # fp16: the scale halves and the step is retried on other data; a
       # replay would reproduce the overflow and exclude good examples.
@@ -194,6 +185,24 @@ class ForensicsHook(core_hooks.GatedHook):
     self._summarize(step, text, "replay" in record and not record["replay"][
         "finite"], record["seconds"])
 
+  def _batches(self, session):
+    return [self._forensics.store.read(session, t)
+            for t in range(self._forensics.store.num_towers)]
+
+  def _record_dry_run(self, run_context, results, reason):
+    """The record of a dry-run criterion's would-be skip (the step was
+    applied; the line is `hooks.SkipReportHook`'s): its values, the
+    towers' batches, no replay."""
+    towers = self._towers(results, [False] * len(self._devices),
+                          self._batches(run_context.session))
+    skip_log.append(skip_log.path(self._params.train_dir, self._worker), dict(
+        step=int(results["step"]), worker=self._worker, time=time.time(),
+        reason=reason, dry_run=True, towers=towers,
+        verdict=DRY_RUN % reason,
+        **self._reasons.record(reason, results["criteria"])))
+    self.records += 1
+    self.verdicts[reason + "_would_skip"] += 1
+
   def _name(self, example_id):
     """The example's name; its id if the source cannot name it (a skip's
     explanation never ends the run)."""
@@ -220,7 +229,7 @@ class ForensicsHook(core_hooks.GatedHook):
     # max_explained are pruned, so skips/ stays bounded across runs.
     directory = skip_states.new_dir(self._params.train_dir, step,
                                     self._worker)
-    save_batches(directory, batches)
+    skip_states.save_batches(directory, batches)
     with open(os.path.join(directory, PARAMS_FILE), "w") as f:
       json.dump({"params": self._params.to_dict(), "step": step,
                  "worker": self._worker, "loss_scale": scale}, f, indent=2,
@@ -281,8 +290,10 @@ def totals(train_dir):
   for record in records:
     if "reproduced" in record:
       verdicts[verdict_key(record)] += 1
-    elif record.get("reason") == "spike":
-      verdicts["spike"] += 1
+    elif record.get("dry_run"):
+      verdicts[record["reason"] + "_would_skip"] += 1
+    elif record.get("verdict") == FINITE % record.get("reason"):
+      verdicts[record["reason"]] += 1
     if record.get("suspect_device"):
       devices[record["suspect_device"]] += 1
   return {"all_records": len(records), "all_verdicts": dict(verdicts),

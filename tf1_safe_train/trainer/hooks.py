@@ -12,7 +12,7 @@ from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
-from tf1_safe_train.core import spikes as spikes_lib
+from tf1_safe_train.core import reasons as reasons_lib
 
 tf1 = tf.compat.v1
 
@@ -49,8 +49,9 @@ class ProgressHook(core_hooks.GatedHook):
       summary_dir: if set, also write an `examples_per_sec` summary there.
       loss_scale: optional float scalar tensor (the loss scale after the
         step), shown in the line.
-      skip_reasons: optional `spikes.ReasonCounters` read after the step
-        (with spike skips on): the line says how many skips were spikes.
+      skip_reasons: optional dict of the reasons' counters read after the
+        step (`reasons.Report.counts`): the line says how many skips (and
+        dry-run would-be skips) each reason other than non-finite had.
       max_steps: the global_step the run ends at, or None (open-ended): the
         line then says `step N/max_steps` and the time left at the pace of
         the last few lines (global steps per second, so other workers'
@@ -61,7 +62,7 @@ class ProgressHook(core_hooks.GatedHook):
     if loss_scale is not None:
       self._fetches["loss_scale"] = loss_scale
     if skip_reasons is not None:
-      self._fetches["spike_skips"] = skip_reasons.spike_skips
+      self._fetches["skip_reasons"] = skip_reasons
     self._examples_per_step = examples_per_step
     self._every_n = every_n_steps
     self._summary_dir = summary_dir
@@ -103,9 +104,7 @@ class ProgressHook(core_hooks.GatedHook):
                                max(now - self._last_time, 1e-9))
     self._last_time, self._last_step = now, step
     counters = results["counters"]
-    spikes = ("" if "spike_skips" not in results else
-              " (%d spike%s)" % (results["spike_skips"],
-                                 "" if results["spike_skips"] == 1 else "s"))
+    spikes = reasons_lib.progress_words(results.get("skip_reasons") or {})
     self._marks.append((now, step + 1))
     progress, eta = "%d" % (step + 1), ""
     if self._max_steps:
@@ -132,7 +131,7 @@ class SkipReportHook(core_hooks.GatedHook):
 
   def __init__(self, step_index, applied, tower_flags, average_flags,
                variable_names, tower_devices, loss_scale=None,
-               loss_scale_floor=1.0, spikes=None):
+               loss_scale_floor=1.0, reasons=None):
     """Creates the hook.
 
     Args:
@@ -147,15 +146,17 @@ class SkipReportHook(core_hooks.GatedHook):
         with: a skip above `loss_scale_floor` is reported as an expected
         loss-scale overflow, one at the floor as a real fault.
       loss_scale_floor: the loss scale's floor.
-      spikes: optional `spikes.SpikeReport` of the decision: a spike skip
-        is reported with its value and threshold.
+      reasons: optional `reasons.Report` of the decision: a skip for
+        another reason than non-finite (a spike) is reported with its
+        values and thresholds, a dry run's would-be skip too.
     """
     self._fetches = {"step": step_index, "applied": applied,
                      "towers": tower_flags, "average": average_flags}
     if loss_scale is not None:
       self._fetches["loss_scale"] = loss_scale
-    if spikes is not None:
-      self._fetches["spikes"] = spikes_lib.fetches(spikes)
+    self._reasons = reasons
+    if reasons is not None:
+      self._fetches["criteria"] = reasons.fetches
     self._floor = loss_scale_floor
     self._variable_names = list(variable_names)
     self._tower_devices = list(tower_devices)
@@ -164,13 +165,20 @@ class SkipReportHook(core_hooks.GatedHook):
     if not self._fetched:
       return
     results = run_values.results
+    step = int(results["step"])
     if results["applied"]:
+      for would in (self._reasons.would_skip(results["criteria"])
+                    if self._reasons else []):
+        logging.warning("%s", self._reasons.describe(
+            step, would.reason, results["criteria"], dry_run=True))
       return
-    if "spikes" in results and results["spikes"]["spike"]:
-      logging.warning("%s", spikes_lib.describe(int(results["step"]),
-                                                results["spikes"]))
+    reason = (self._reasons.label(results["criteria"]) if self._reasons
+              else reasons_lib.NONFINITE)
+    if reason != reasons_lib.NONFINITE:
+      logging.warning("%s", self._reasons.describe(step, reason,
+                                                   results["criteria"]))
       return
-    report = core_hooks.describe_skip(int(results["step"]), results["towers"],
+    report = core_hooks.describe_skip(step, results["towers"],
                            results["average"], self._variable_names,
                            self._tower_devices)
     if "loss_scale" in results:

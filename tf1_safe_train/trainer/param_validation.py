@@ -86,8 +86,11 @@ def _check_spikes(params):
     value = getattr(params, name)
     _check(checks.is_int(value) and value >= 1,
            "--%s=%r: must be an integer >= 1", name, value)
-  _check(isinstance(params.skip_loss_spikes, bool),
-         "--skip_loss_spikes=%r: must be a boolean", params.skip_loss_spikes)
+  for name in ("skip_loss_spikes", "spike_dry_run"):
+    _check(isinstance(getattr(params, name), bool),
+           "--%s=%r: must be a boolean", name, getattr(params, name))
+  _check(not params.spike_dry_run or params.skip_spikes_sigma > 0,
+         "--spike_dry_run needs --skip_spikes_sigma > 0")
   _check(not (params.skip_spikes_sigma and params.max_consecutive_skips) or
          params.spike_max_streak < params.max_consecutive_skips,
          "--spike_max_streak=%r: must be below --max_consecutive_skips=%r "

@@ -100,6 +100,10 @@ class TrainParams(object):
   skip_loss_spikes: bool = _param(
       False, "--skip_spikes_sigma: also skip a step whose loss is a spike "
       "(not with --sync_replicas: the chief sees no loss).")
+  spike_dry_run: bool = _param(
+      False, "--skip_spikes_sigma: skip no spike, only report each one it "
+      "would skip (log line, skips.jsonl record with dry_run, "
+      "spike_would_skips): to calibrate the threshold.")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(

@@ -12,6 +12,7 @@ import os
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import reasons
 from tf1_safe_train.trainer import checkpoints
 
 tf1 = tf.compat.v1
@@ -87,20 +88,18 @@ def build(params, latest, steps_run, first_step_time, start, end,
   timed_steps = steps_run - 1
   timed_seconds = end - first_step_time if first_step_time else 0.0
   counters = latest["counters"]
-  # Without --skip_spikes_sigma every skip is a non-finite one. With it
-  # the reasons come from one consistent read (`spikes.read_reasons`).
-  reasons = latest.get("skip_reasons")
-  spike_skips = int(reasons.spike_skips) if reasons else 0
-  nonfinite_skips = (int(reasons.nonfinite_skips) if reasons
-                     else int(counters.skipped_steps))
+  # One counter per reason (`reasons.Report.counts`), each its own count.
+  by_reason = reasons.summary_counts(latest.get("skip_reasons") or {})
   return {
+      **by_reason,
       **({"loss_scale": float(latest["loss_scale"])}
          if "loss_scale" in latest else {}),
       "global_step": int(latest["global_step"]),
       "applied_steps": int(counters.applied_steps),
       "skipped_steps": int(counters.skipped_steps),
-      "nonfinite_skips": nonfinite_skips,
-      "spike_skips": spike_skips,
+      # (The fields from before skips_by_reason.)
+      "nonfinite_skips": by_reason["skips_by_reason"].get("nonfinite", 0),
+      "spike_skips": by_reason["skips_by_reason"].get("spike", 0),
       "consecutive_skips": int(counters.consecutive_skips),
       "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
       "nonfinite_steps_by_tower": [
@@ -127,8 +126,8 @@ def _restored(params, exit_reason, wall_seconds):
   reader = tf1.train.load_checkpoint(checkpoint)
   names = reader.get_variable_to_shape_map()
   for name in ("global_step", "max_consecutive_skips_seen",
-               "rolled_back_steps", "spike_skips") + (
-      counters_lib.SkipCounters._fields):
+               "rolled_back_steps") + counters_lib.SkipCounters._fields + tuple(
+                   n for n in names if n.endswith("_skips")):
     if name in names:
       summary[name] = int(reader.get_tensor(name))
   if "nonfinite_steps_by_tower" in names:

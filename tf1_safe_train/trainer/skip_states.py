@@ -8,16 +8,19 @@ again (re-run after a restart, or recurring with
 state, and a name is never reused, even after pruning. Directories written
 before K existed (`skips/step-N/`) count as K = 0. `prune` keeps a worker's
 newest states (highest K) and deletes the older ones; their records stay in
-`skips.jsonl`.
+`skips.jsonl`. A state's batches are `batch.npz` (`save_batches`).
 """
 
 import os
 import re
 import shutil
 
+import numpy as np
+
 from tf1_safe_train.core import skip_log
 
 SKIPS_DIR = "skips"
+BATCH_FILE = "batch.npz"
 _NAME = re.compile(r"^(?:worker(\d+)-)?step-(\d+)(?:-(\d+))?$")
 
 
@@ -82,3 +85,21 @@ def prune(train_dir, keep, worker=0):
     shutil.rmtree(os.path.join(train_dir, SKIPS_DIR, name),
                   ignore_errors=True)
   return doomed
+
+
+def save_batches(directory, batches):
+  """Writes every tower's (images, labels, ids) to `batch.npz`."""
+  arrays = {}
+  for tower, (images, labels, ids) in enumerate(batches):
+    arrays.update({"images_%d" % tower: images, "labels_%d" % tower: labels,
+                   "ids_%d" % tower: ids})
+  np.savez(os.path.join(directory, BATCH_FILE), **arrays)
+
+
+def load_batches(directory):
+  """The towers' (images, labels, ids) saved by `save_batches`."""
+  with np.load(os.path.join(directory, BATCH_FILE)) as arrays:
+    towers = sum(1 for k in arrays.files if k.startswith("images_"))
+    return [tuple(arrays["%s_%d" % (k, t)] for k in ("images", "labels",
+                                                      "ids"))
+            for t in range(towers)]

@@ -5,6 +5,8 @@ No summary reads a gradient, so none can fail on a skipped step.
 
 import tensorflow as tf
 
+from tf1_safe_train.core import reasons
+
 tf1 = tf.compat.v1
 
 
@@ -14,9 +16,8 @@ def add(step):
   tf1.summary.scalar("learning_rate", step.learning_rate)
   for name, value in step.counters._asdict().items():
     tf1.summary.scalar("skips/" + name, value)
-  if "skip_reasons" in step.totals:  # Only with --skip_spikes_sigma.
-    for name, value in step.totals["skip_reasons"]._asdict().items():
-      tf1.summary.scalar("skips/" + name, value)
+  # One scalar per reason (skips/nonfinite_skips, skips/spike_skips, ...).
+  reasons.add_summaries(step.totals["skip_reasons"])
   by_tower = step.totals["nonfinite_steps_by_tower"]
   for i in range(len(step.report.tower_devices)):
     tf1.summary.scalar("skips/nonfinite_steps_tower_%d" % i, by_tower[i])

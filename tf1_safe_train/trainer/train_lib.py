@@ -37,7 +37,8 @@ tf1 = tf.compat.v1
 TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
 
-def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
+def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
+          criteria=()):
   """Trains as `params` says and returns the run summary (a dict).
 
   Args:
@@ -50,6 +51,8 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
       or another session target, or a cluster worker's
       (`tf1_safe_train.cluster.replication.make`; its `start` starts this
       process's gRPC server).
+    criteria: more skip criteria (`criteria.Criterion` objects) for the
+      step (`train_step.build_step`); reported and counted by reason.
 
   Returns:
     The dict also written to `run_summary.json` (by the chief).
@@ -73,7 +76,8 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None):
     tf1.set_random_seed(params.seed)
     with strategy.device():
       step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
-                                   exclude_ids=exclude_ids)
+                                   exclude_ids=exclude_ids,
+                                   criteria=criteria)
       strategy.after_build(step)
     run = _RunHooks(params, step, strategy, start, excluded,
                     describe_id=lambda i: data.describe_id(
@@ -168,7 +172,7 @@ class _RunHooks(object):
         hooks_lib.SkipReportHook(
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
-            loss_scale=step.loss_scale_before, spikes=step.spikes),
+            loss_scale=step.loss_scale_before, reasons=step.reasons),
         self.give_up, self.on_signal, self.stats,
         *self._strategy.step_hooks(),
         self.state_hook,

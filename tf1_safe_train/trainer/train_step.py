@@ -24,11 +24,9 @@ import collections
 
 import tensorflow as tf
 
-from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
-from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import applied_update
@@ -37,6 +35,8 @@ from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import precision
 from tf1_safe_train.trainer import replay_lib
+from tf1_safe_train.trainer import step_criteria
+from tf1_safe_train.trainer import step_state
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_input
 from tf1_safe_train.trainer import towers
@@ -46,7 +46,7 @@ tf1 = tf.compat.v1
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "report", "totals", "loss_scale", "loss_scale_before", "variables",
-    "spikes", "forensics"])
+    "reasons", "forensics"])
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -59,13 +59,15 @@ Attributes:
   counters: `counters.SkipCounters` read after the step.
   report: `SkipReport` of the step (what `hooks.SkipReportHook` fetches).
   totals: dict of reads after the step for the run summary: global_step,
-    counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
+    counters, nonfinite_steps_by_tower, max_consecutive_skips_seen,
+    skip_reasons (each reason's counters: `reasons.Report.counts`).
   loss_scale: `loss_scale.LossScaleState` read after the step, or None.
   loss_scale_before: the scale the step's loss was multiplied by, or None.
   variables: the state variables themselves (unordered reads): global_step,
     counters, nonfinite_steps_by_tower, max_consecutive_skips_seen.
-  spikes: with --skip_spikes_sigma, the decision's `spikes.SpikeReport`
-    (None with sync replicas: the chief decides), else None.
+  reasons: the decision's `reasons.Report` (each criterion's flag and
+    values; the label of a skip), None with sync replicas (the chief
+    decides).
   forensics: `replay_lib.Forensics` (batch store, per-tower probes), what
     explains a skip after the step.
 """
@@ -127,64 +129,43 @@ def _or_tower0(tower_nonfinite, flag):
                     tower_nonfinite[1:]], axis=0)
 
 
-def _spike_config(params):
-  if not params.skip_spikes_sigma:
-    return None  # The graph is exactly the one without the option.
-  return spikes_lib.SpikeConfig(
-      params.skip_spikes_sigma, params.spike_warmup_steps,
-      params.spike_max_streak, params.skip_loss_spikes)
+Towers = collections.namedtuple("Towers", [
+    "outputs", "grads_and_vars", "statistics", "update_ops", "nonfinite",
+    "inputs", "probes", "devices"])
+Towers.__doc__ = """The towers of one step, built (`_build_towers`): per
+tower (loss, grads_and_vars, fused non-finite flag or None), the average,
+tower 0's statistics and update ops, the towers' flags, input, replay
+probes and devices."""
 
 
-def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
-  """Builds the training step in the default graph.
+def _optimizer(params, state):
+  """(learning rate, optimizer, loss scale or None, its value or None)."""
+  schedule_step = (state.counters.applied_steps
+                   if params.lr_schedule_step == "applied_steps"
+                   else state.global_step)
+  learning_rate = optimization.learning_rate(
+      params.lr_schedule, params.learning_rate, schedule_step.read_value(),
+      params.max_steps)
+  learning_rate = checkpoint_rollback_state.scale_learning_rate(
+      params, learning_rate)
+  optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
+  loss_scale, scale = None, None
+  if params.precision == "fp16":
+    loss_scale = loss_scale_lib.DynamicLossScale(
+        params.initial_loss_scale, params.loss_scale_growth_steps,
+        hysteresis=params.loss_scale_hysteresis)
+    # Read once per step, before the decision that may change it.
+    scale = tf.identity(loss_scale.scale(), name="loss_scale_value")
+  return learning_rate, optimizer, loss_scale, scale
 
-  Args:
-    params: validated `params.TrainParams`.
-    strategy: the run's `replication` strategy (placement, decision).
-    dataset_fn: optional `dataset_fn(batch_size, seed)` returning the
-      training `tf.data.Dataset` of (float32 images [batch_size, H, W, 3],
-      int32 labels [batch_size]) batches, repeated; each tower takes its own
-      batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
-      Batches may carry example ids as a third element (`data.with_ids`).
-    exclude_ids: example ids the input never yields (`exclusion`).
 
-  Returns:
-    A `Step`.
-  """
+def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
+                  dataset_fn, exclude_ids):
+  """Every tower's input, loss and gradients, averaged: `Towers`."""
   config = strategy.tower_config
   num_towers = config.num_towers
   drill = drill_lib.Drill.of(params, num_towers, strategy.num_workers)
   model_fn = models.get_model(params.model)
-
-  with tf1.device(config.variables_device()):
-    global_step = tf1.train.get_or_create_global_step()
-    counters = counters_lib.skip_counters()
-    # Shared by the workers of a cluster: tower i counts for tower i of
-    # every worker (the skip reports name the worker).
-    nonfinite_by_tower = tf1.Variable(
-        tf.zeros([num_towers], tf.int64), trainable=False,
-        name="nonfinite_steps_by_tower")
-    max_seen = tf1.Variable(tf.constant(0, tf.int64), trainable=False,
-                            name="max_consecutive_skips_seen")
-    # Read once per step; the drill and the reports use the same value.
-    step_index = tf.identity(global_step.read_value(), name="step_index")
-    schedule_step = (counters.applied_steps
-                     if params.lr_schedule_step == "applied_steps"
-                     else global_step)
-    learning_rate = optimization.learning_rate(
-        params.lr_schedule, params.learning_rate, schedule_step.read_value(),
-        params.max_steps)
-    learning_rate = checkpoint_rollback_state.scale_learning_rate(
-        params, learning_rate)
-    optimizer = optimization.make_optimizer(params.optimizer, learning_rate)
-    loss_scale, scale = None, None
-    if params.precision == "fp16":
-      loss_scale = loss_scale_lib.DynamicLossScale(
-          params.initial_loss_scale, params.loss_scale_growth_steps,
-          hysteresis=params.loss_scale_hysteresis)
-      # Read once per step, before the decision that may change it.
-      scale = tf.identity(loss_scale.scale(), name="loss_scale_value")
-
   tower_inputs = tower_input.TowerInput(params, strategy.worker_index,
                                         num_towers, dataset_fn, exclude_ids)
   devices = strategy.tower_devices()
@@ -202,7 +183,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
     # would not reproduce. One tower's gradients are the averaged ones: its
-    # flag is the decision's (below).
+    # flag is the decision's (`_decide`).
     flag = (nonfinite.any_nonfinite([g for g, _ in grads_and_vars])
             if num_towers > 1 else None)
     return loss, grads_and_vars, flag
@@ -220,72 +201,96 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
   else:
     # The worker's own view in a cluster checks these gradients anyway.
     tower_nonfinite = tf.zeros([1], tf.bool)
+  return Towers(outputs, grads_and_vars, statistics, update_ops,
+                tower_nonfinite, tower_inputs, probes, devices)
 
+
+def _decide(strategy, state, built, guarded, loss, criteria):
+  """Applies the averaged gradients through `guarded`, as the strategy
+  decides; returns (step op, `GuardResult`, the report's tower flags,
+  per-variable flags and names)."""
+  pairs = list(built.grads_and_vars) + built.statistics
+  tower_nonfinite = built.nonfinite
+  # (Loss spikes are refused with sync replicas, whose apply has no loss.)
+  kwargs = {}
+  if step_criteria.needs_loss(criteria, strategy):
+    kwargs = dict(loss=loss, tower_values={
+        "loss": tf.stack([loss for loss, _, _ in built.outputs]),
+        "nonfinite": tower_nonfinite})
+  with tf1.control_dependencies([state.step_index]):
+    step_op = strategy.decider(guarded).apply_gradients(
+        pairs, global_step=state.global_step, **kwargs)
+  result = strategy.result(guarded, pairs, tower_nonfinite)
+  average_flags, names = result.nonfinite_flags, result.variable_names
+  if result.update_variable_names:
+    # The checked statistics are tower 0's (as in a cluster).
+    tower_nonfinite = _or_tower0(tower_nonfinite,
+                                 tf.reduce_any(result.update_flags))
+    average_flags = tf.concat([average_flags, result.update_flags], axis=0)
+    names = names + result.update_variable_names
+  if len(built.outputs) == 1:
+    tower_nonfinite = tf.reshape(tf.reduce_any(average_flags), [1])
+  return step_op, result, tower_nonfinite, average_flags, names
+
+
+def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
+               criteria=()):
+  """Builds the training step in the default graph.
+
+  Args:
+    params: validated `params.TrainParams`.
+    strategy: the run's `replication` strategy (placement, decision).
+    dataset_fn: optional `dataset_fn(batch_size, seed)` returning the
+      training `tf.data.Dataset` of (float32 images [batch_size, H, W, 3],
+      int32 labels [batch_size]) batches, repeated; each tower takes its own
+      batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
+      Batches may carry example ids as a third element (`data.with_ids`).
+    exclude_ids: example ids the input never yields (`exclusion`).
+    criteria: more skip criteria (`criteria.Criterion`), decided with
+      those `params` ask for (`step_criteria`); they see the step's mean
+      loss and, in `Context.towers`, each tower's "loss" and "nonfinite"
+      flag (not with sync replicas, whose chief decides on the aggregate).
+
+  Returns:
+    A `Step`.
+  """
+  config = strategy.tower_config
+  with tf1.device(config.variables_device()):
+    state = step_state.StepState(config.num_towers)
+    criteria = step_criteria.from_params(params) + list(criteria)
+    learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
+  built = _build_towers(params, strategy, state.step_index, optimizer,
+                        loss_scale, scale, dataset_fn, exclude_ids)
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
   guarded = optimizer_lib.SkipNonFiniteOptimizer(
-      applied_update.AppliedUpdate(params, optimizer, statistics,
-                                   counters.applied_steps),
+      applied_update.AppliedUpdate(params, optimizer, built.statistics,
+                                   state.counters.applied_steps),
       increment_global_step_on_skip=params.increment_global_step_on_skip,
-      update_ops=update_ops, loss_scale=loss_scale, name="guarded_step",
-      skip_spikes=_spike_config(params),
+      update_ops=built.update_ops, loss_scale=loss_scale, name="guarded_step",
+      criteria=criteria,
       # The trainer builds the whole step itself and checks it by its
       # tests: no first-run check (`run_check`), which would cost a dict
       # lookup per run and name its own counters' writes.
       check_runs=False)
   with tf1.device(config.variables_device()):
-    loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
-    pairs = list(grads_and_vars) + statistics
-    # (Loss spikes are refused with sync replicas, whose apply has no loss.)
-    kwargs = dict(loss=loss) if params.skip_loss_spikes else {}
-    with tf1.control_dependencies([step_index]):
-      step_op = strategy.decider(guarded).apply_gradients(
-          pairs, global_step=global_step, **kwargs)
-    result = strategy.result(guarded, pairs, tower_nonfinite)
-    average_flags, names = result.nonfinite_flags, result.variable_names
-    if result.update_variable_names:
-      # The checked statistics are tower 0's (as in a cluster).
-      tower_nonfinite = _or_tower0(tower_nonfinite,
-                                   tf.reduce_any(result.update_flags))
-      average_flags = tf.concat([average_flags, result.update_flags], axis=0)
-      names = names + result.update_variable_names
-    if num_towers == 1:
-      tower_nonfinite = tf.reshape(tf.reduce_any(average_flags), [1])
-    with tf1.control_dependencies([step_op]):
-      totals = [
-          tf1.assign_add(nonfinite_by_tower,
-                         tf.cast(tower_nonfinite, tf.int64)),
-          tf1.assign(max_seen, tf.maximum(
-              max_seen.read_value(), counters.consecutive_skips.read_value())),
-      ]
-    keep = tower_inputs.keep_if_applied(result.applied, step_index)
-    train_op = tf.group(step_op, keep, *totals, name="train_op")
-    after = counters_lib.read_after(counters, train_op)
-    with tf1.control_dependencies([train_op]):
-      totals = {
-          "global_step": tf.identity(global_step.read_value()),
-          "counters": after,
-          "nonfinite_steps_by_tower": tf.identity(
-              nonfinite_by_tower.read_value()),
-          "max_consecutive_skips_seen": tf.identity(max_seen.read_value())}
-      if params.skip_spikes_sigma:
-        # The variables, not the decision's report: a sync worker reads
-        # the chief's counts too.
-        totals["skip_reasons"] = spikes_lib.read_reasons(
-            counters.skipped_steps, train_op)
-
+    loss = tf.add_n([loss for loss, _, _ in built.outputs]) / float(
+        config.num_towers)
+    step_op, result, tower_nonfinite, average_flags, names = _decide(
+        strategy, state, built, guarded, loss, criteria)
+    keep = built.inputs.keep_if_applied(result.applied, state.step_index)
+    train_op = tf.group(step_op, keep,
+                        *state.updates(step_op, tower_nonfinite),
+                        name="train_op")
+    totals, after = state.totals(train_op, guarded.guard_result().reasons)
   step = Step(
-      train_op=train_op, step_index=step_index, loss=loss,
+      train_op=train_op, step_index=state.step_index, loss=loss,
       learning_rate=learning_rate, applied=result.applied, counters=after,
-      report=SkipReport(tower_nonfinite, average_flags, names, devices),
+      report=SkipReport(tower_nonfinite, average_flags, names, built.devices),
       totals=totals,
       loss_scale=loss_scale.read_after(train_op) if loss_scale else None,
-      loss_scale_before=scale,
-      variables={"global_step": global_step, "counters": counters,
-                 "nonfinite_steps_by_tower": nonfinite_by_tower,
-                 "max_consecutive_skips_seen": max_seen},
-      spikes=result.spikes,
-      forensics=replay_lib.Forensics(tower_inputs.store, probes,
-                                     scale))
+      loss_scale_before=scale, variables=state.variables,
+      reasons=result.reasons,
+      forensics=replay_lib.Forensics(built.inputs.store, built.probes, scale))
   step_summaries.add(step)
   return step

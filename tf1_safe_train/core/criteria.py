@@ -1,0 +1,172 @@
+"""Skip criteria: one object per reason a step may be skipped.
+
+A `Criterion` decides from the step's `Context` (checked gradients, loss,
+the non-finite verdict, per-tower values) whether to skip it, keeps its own
+state, builds its updates inside the decision's branches and says what it
+saw for the reports. `guard.guarded_apply` or-s the criteria's flags into
+its one `tf.cond` (`Decision`) and counts every skip once, under the first
+criterion that fired: one int64 counter per reason, `<reason>_skips`.
+"""
+
+import collections
+import re
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+# Variables a checkpoint written without them lacks (a criterion's state, a
+# reason's counter, an option's state): a resume initialises them afresh
+# instead of failing (`trainer/checkpoint_fit.py`).
+OPTIONAL_STATE = "tf1_safe_train_optional_state"
+# Every reason's counters, `<reason>_skips` and `<reason>_would_skips`.
+COUNTERS_COLLECTION = "tf1_safe_train_reason_counters"
+NONFINITE = "nonfinite"
+_REASON = re.compile(r"^[a-z][a-z0-9_]*$")
+
+Context = collections.namedtuple(
+    "Context", ["grads_and_vars", "loss", "nonfinite", "towers"])
+Context.__doc__ = """What a criterion decides from (tensors of one step).
+
+Attributes:
+  grads_and_vars: the checked (gradient, variable) pairs (no None
+    gradient; sparse ones summed), with the variables written by update
+    ops' deltas when the step checks statistics.
+  loss: the step's float scalar loss, or None if the step was given none.
+  nonfinite: bool scalar, the non-finite verdict (a gradient or a written
+    statistic held a NaN or an Inf).
+  towers: dict of per-tower tensors, first axis the tower (e.g. "loss",
+    "nonfinite"), as the caller gave them (`apply_gradients(
+    tower_values=...)`); empty when not given.
+"""
+
+
+def state_variable(name, value):
+  """A criterion's state variable: not trained, optional in checkpoints.
+
+  Build it under `tf1.init_scope()` (e.g. in the criterion's constructor),
+  so a criterion made inside a branch or a control-dependency block still
+  makes plain variables.
+  """
+  return tf1.Variable(value, name=name, trainable=False, collections=[
+      tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
+
+
+def counter(name, graph=None, initial_fn=None):
+  """The graph's int64 counter `name` (e.g. "spike_skips"), made once.
+
+  At the graph's root, on the current device (a parameter server under a
+  `replica_device_setter`), optional in checkpoints: a checkpoint written
+  before the reason existed restores, the count starting at 0 (or at
+  `initial_fn()`, built under `init_scope`).
+  """
+  graph = graph or tf1.get_default_graph()
+  for variable in graph.get_collection(COUNTERS_COLLECTION):
+    if variable.op.name == name:
+      return variable
+  with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
+    variable = state_variable(name, initial_fn() if initial_fn else
+                              tf.constant(0, tf.int64))
+  graph.add_to_collection(COUNTERS_COLLECTION, variable)
+  return variable
+
+
+class Criterion(object):
+  """One reason to skip a step; subclass it and pass an instance to the
+  wrapper (`SkipNonFiniteOptimizer(criteria=[...])`) or the trainer's step
+  (`train_step.build_step(criteria=[...])`).
+
+  The guard calls, once per built step and in this order: `decide` (before
+  the decision: it must write nothing), then `on_apply` inside the apply
+  branch (after the update) and `on_skip` inside the skip branch; the
+  reports fetch `values()` with every step and call `describe` and
+  `record` on those of a step the criterion skipped (or, in a dry run,
+  would have skipped). The guard keeps its counters: `<reason>_skips`
+  (skips labelled with this reason) and, for a dry run,
+  `<reason>_would_skips`.
+
+  Attributes:
+    reason: the skip's label in the log line, skips.jsonl ("reason"),
+      TensorBoard (`skips/<reason>_skips`) and run_summary.json
+      ("skips_by_reason"); lower case, digits and underscores.
+    dry_run: if True the criterion only reports what it would skip (its
+      flag never skips the step: the step is applied, and `on_apply` runs).
+    needs_loss: True if `decide` reads `Context.loss` or `Context.towers`
+      (the trainer then hands them in; sync replicas cannot).
+  """
+
+  reason = None
+  dry_run = False
+  needs_loss = True
+
+  def decide(self, context):
+    """Bool scalar tensor: True to skip the step (built before the cond)."""
+    raise NotImplementedError
+
+  def on_apply(self, context):  # pylint: disable=unused-argument
+    """Ops for the apply branch (e.g. fold the step into statistics)."""
+    return []
+
+  def on_skip(self, context):  # pylint: disable=unused-argument
+    """Ops for the skip branch (e.g. count a streak)."""
+    return []
+
+  @property
+  def variables(self):
+    """The criterion's state variables (`state_variable`)."""
+    return []
+
+  def values(self):
+    """Dict of scalar tensors the reports show (its values, thresholds),
+    computed by `decide` (they run with every step: keep them cheap)."""
+    return {}
+
+  def describe(self, values):
+    """The line's words after "skipped step N: <reason>" from the fetched
+    `values()` (e.g. "loss 12 > threshold 10"), or ""."""
+    return ", ".join("%s %.4g" % (k, v) for k, v in sorted(values.items()))
+
+  def record(self, values):
+    """The skips.jsonl record's `<reason>` field from fetched `values()`."""
+    return {k: (v.item() if hasattr(v, "item") else v)
+            for k, v in values.items()}
+
+
+class NonFinite(Criterion):
+  """A gradient or a statistic written by an update op holds a NaN/Inf.
+
+  The guard computes the verdict itself (fused checks; the report's
+  per-variable flags are its own) and hands it in `Context.nonfinite`.
+  """
+
+  reason = NONFINITE
+  needs_loss = False
+
+  def decide(self, context):
+    return context.nonfinite
+
+
+def check(criterion):
+  """Returns `criterion`; raises ValueError if it is no usable Criterion."""
+  if not isinstance(criterion, Criterion):
+    raise ValueError("a skip criterion must be a criteria.Criterion, got %r"
+                     % (criterion,))
+  reason = criterion.reason
+  if not (isinstance(reason, str) and _REASON.match(reason)):
+    raise ValueError("criterion %r: reason=%r must be lower case letters, "
+                     "digits and underscores" % (criterion, reason))
+  if not isinstance(criterion.dry_run, bool):
+    raise ValueError("criterion %r: dry_run=%r must be a boolean" %
+                     (criterion, criterion.dry_run))
+  return criterion
+
+
+def with_nonfinite(criteria):
+  """`[NonFinite()] + criteria`, checked; reasons must be distinct."""
+  criteria = [NonFinite()] + [check(c) for c in criteria]
+  reasons = [c.reason for c in criteria]
+  repeated = sorted(set(r for r in reasons if reasons.count(r) > 1))
+  if repeated:
+    raise ValueError("two skip criteria have the reason %s" %
+                     ", ".join(repeated))
+  return criteria

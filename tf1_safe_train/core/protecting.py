@@ -1,0 +1,98 @@
+"""`protect` and the wrapper's own variables.
+
+`Protecting` is the part of `SkipNonFiniteOptimizer` that owns what its
+steps and `protect` add to the graph: `protect` rolls back, on a skipped
+step, the writes of ops built after `apply_gradients` (an EMA), and
+`variables()` lists the wrapped optimizer's variables with the wrapper's
+(counters, shadows, loss scale, criteria's state).
+"""
+
+import tensorflow as tf
+
+from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import rollback
+
+tf1 = tf.compat.v1
+
+
+class Protecting(object):
+  """`SkipNonFiniteOptimizer`'s `protect` and `variables`.
+
+  The wrapper sets `_optimizer`, `_loss_scale`, `_own_variables`,
+  `_step_variables`, `_step_roots` and `_last_result`, and provides
+  `_result()`.
+  """
+
+  def protect(self, op, name="protect"):
+    """Returns `op`, made to change nothing on a skipped step.
+
+    `op` (or a list of ops) runs as before; once the last built step is
+    decided, every variable it wrote takes back its value from before the
+    step if the step was skipped (a shadow copy, taken on applied steps, as
+    for moving statistics: see `rollback`). So an `ExponentialMovingAverage`
+    built after `apply_gradients` and grouped into the train op leaves its
+    shadows bit-identical on a skipped step. `op` may be the whole train op:
+    the variables the step itself handles (`global_step`, the skip counters,
+    the rolled-back `UPDATE_OPS` targets, and everything the wrapped
+    optimizer updates inside the decision) are left to it.
+
+    Each written variable costs one shadow (see `rollback.protect`).
+
+    Args:
+      op: an Operation or Tensor (or a list of them) built after
+        `apply_gradients`, e.g. `ema.apply(...)` or
+        `tf.group(apply_gradient_op, variables_averages_op)`.
+      name: name scope of the added ops.
+
+    Returns:
+      An Operation that runs `op` and then keeps or undoes what it wrote;
+      for a Tensor `op`, a Tensor of its value that does so (tf-slim's
+      `train_tensor`, whose value the training loop logs).
+
+    Raises:
+      ValueError: if `apply_gradients` has not been called, or `op` writes
+        something that is not a global or local variable.
+    """
+    result = self._result()
+    known = graph_variables()
+    protected = rollback.protect(
+        [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
+        {v.op.name for v in self._step_variables}, self._step_roots, name)
+    self._note_own_variables(known)
+    if isinstance(op, tf.Tensor):
+      with tf1.control_dependencies([protected]):
+        return tf.identity(op, name=name + "_value")
+    return protected
+
+  def _note_own_variables(self, known):
+    """Notes the graph's variables not in `known` (ids) as the wrapper's."""
+    self._own_variables += [
+        v for v in tf1.global_variables() + tf1.local_variables()
+        if id(v) not in known]
+
+  def variables(self):
+    """The wrapped optimizer's variables, then the wrapper's in this graph.
+
+    The wrapper's: the skip counters and whatever its steps and `protect`
+    created (shadows, loss scale, spike statistics). Keras 2 initializes
+    what this returns (`compile(optimizer=SkipNonFiniteOptimizer(...))`).
+    """
+    graph = tf1.get_default_graph()
+    own = [v for v in self._own_variables if v.graph is graph]
+    if self._loss_scale is not None:  # Made with the wrapper, not a step.
+      own += [v for v in self._loss_scale.all_variables if v.graph is graph]
+    if (self._last_result is not None and
+        self._last_result.applied.graph is graph):
+      own = list(counters_lib.skip_counters(graph)) + own
+    found = list(self._optimizer.variables())
+    seen = {id(v) for v in found}
+    for v in own:
+      if id(v) not in seen:
+        seen.add(id(v))
+        found.append(v)
+    return found
+
+
+def graph_variables():
+  """Ids of the default graph's global and local variables."""
+  return {id(v) for v in tf1.global_variables() + tf1.local_variables()}

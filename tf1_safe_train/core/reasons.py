@@ -1,0 +1,200 @@
+"""A step's skip criteria decided, and what the reports say of them.
+
+`Decision` or-s the criteria's flags into the guard's predicate and builds
+their branch ops, the skip branch counting the skip once, under the first
+criterion that fired (its label). `Report` is what every report reads of
+it (the wrapper's line and skips.jsonl, the trainer's hooks, forensics,
+TensorBoard, run_summary.json): per reason its flag, values and counters;
+the label of a skip; a dry-run criterion's would-be skip.
+"""
+
+import collections
+import functools
+
+import tensorflow as tf
+
+from tf1_safe_train.core import criteria as criteria_lib
+
+tf1 = tf.compat.v1
+
+NONFINITE = criteria_lib.NONFINITE
+
+
+def _increment(variable, by=None):
+  return tf1.assign_add(variable, tf.constant(1, tf.int64) if by is None
+                        else tf.cast(by, tf.int64))
+
+
+def _counters(acting, skipped_steps):
+  """The acting criteria's counters, non-finite's first.
+
+  Until a second criterion can skip, skipped_steps is the non-finite
+  count: a checkpoint written so lacks `nonfinite_skips`, which then
+  starts (`checkpoint_fit`'s fresh variables) at skipped_steps minus the
+  other reasons' restored counts.
+  """
+  others = [criteria_lib.counter(c.reason + "_skips") for c in acting[1:]]
+
+  def value(counter):
+    # A counter not yet initialised (a fresh run) counts 0 so far.
+    return tf.cond(tf1.is_variable_initialized(counter), counter.read_value,
+                   lambda: tf.constant(0, tf.int64))
+
+  def nonfinite_initial():
+    return value(skipped_steps) - functools.reduce(
+        tf.add, [value(c) for c in others])
+
+  return [criteria_lib.counter(NONFINITE + "_skips",
+                               initial_fn=nonfinite_initial)] + others
+
+
+class Decision(object):
+  """The criteria of one step: their flags, the predicate, branch ops."""
+
+  def __init__(self, criteria, context, skipped_steps):
+    """Builds each criterion's flag (before the `tf.cond`).
+
+    Args:
+      criteria: `criteria.with_nonfinite(...)`: `NonFinite` first.
+      context: the step's `criteria.Context`.
+      skipped_steps: the skip counter; with one criterion that can skip
+        (the default: non-finite alone) it is that reason's counter, so
+        the graph and its checkpoints are those from before criteria.
+    """
+    self.criteria = list(criteria)
+    self.context = context
+    self.flags = [c.decide(context) for c in self.criteria]
+    self._acting = [(c, f) for c, f in zip(self.criteria, self.flags)
+                    if not c.dry_run]
+    self.counters = ([skipped_steps] if len(self._acting) == 1 else
+                     _counters([c for c, _ in self._acting], skipped_steps))
+    self.would_counters = [(criteria_lib.counter(c.reason + "_would_skips"),
+                            f) for c, f in zip(self.criteria, self.flags)
+                           if c.dry_run]
+    # (One acting criterion, the default: the predicate is its flag.)
+    self.skip = functools.reduce(tf.logical_or,
+                                 [f for _, f in self._acting])
+
+  @property
+  def variables(self):
+    """Every variable the branches write for the criteria."""
+    return (self.counters[len(self._acting) == 1:] +
+            [v for v, _ in self.would_counters] +
+            [v for c in self.criteria[1:] for v in c.variables])
+
+  def on_apply(self):
+    """The apply branch's ops: each criterion's, and would-be skips."""
+    ops = [op for c in self.criteria
+           for op in tf.nest.flatten(c.on_apply(self.context))]
+    return ops + [_increment(v, f) for v, f in self.would_counters]
+
+  def on_skip(self):
+    """The skip branch's ops: each criterion's, the label's counter."""
+    ops = [op for c in self.criteria
+           for op in tf.nest.flatten(c.on_skip(self.context))]
+    if len(self.counters) == 1:  # skipped_steps: the guard counts it.
+      return ops
+    earlier = tf.constant(False)
+    for counter, (_, flag) in zip(self.counters, self._acting):
+      ops.append(_increment(counter, tf.logical_and(
+          flag, tf.logical_not(earlier))))
+      earlier = tf.logical_or(earlier, flag)
+    return ops
+
+  def report(self, op):
+    """The step's `Report`, its counters read after `op`."""
+    names = ([c.reason + "_skips" for c, _ in self._acting] +
+             [c.reason + "_would_skips" for c in self.criteria if c.dry_run])
+    variables = self.counters + [v for v, _ in self.would_counters]
+    return Report(self.criteria, dict(
+        (c.reason, f) for c, f in zip(self.criteria, self.flags)),
+                  dict(zip(names, variables)), self.variables, op)
+
+
+class Report(object):
+  """What the reports fetch and say of a step's criteria.
+
+  Attributes:
+    criteria: the criteria, `NonFinite` first.
+    fetches: dict to fetch with the step (its flags and values).
+    counts: dict counter name ("nonfinite_skips", "spike_would_skips")
+      -> int64 tensor read after the step (the run summary's, TensorBoard's).
+    variables: the variables the decision writes for the criteria
+      (counters, the criteria's state).
+  """
+
+  def __init__(self, criteria, flags, counters, variables, op):
+    self.criteria = list(criteria)
+    self._counters = counters
+    self.variables = list(variables)
+    self.counts = self.read_after(op)
+    self.fetches = {"fired": flags,
+                    "values": {c.reason: c.values() for c in self.criteria}}
+
+  def read_after(self, op):
+    """The counters (`counts`), read after `op` (e.g. a trainer's step,
+    which runs more than the guard's)."""
+    with tf1.name_scope("read_skip_reasons"), tf1.control_dependencies([op]):
+      return {name: tf.identity(v.read_value())
+              for name, v in self._counters.items()}
+
+  def label(self, values):
+    """The reason of a skipped step from fetched `fetches`: the first
+    acting criterion that fired ("nonfinite" if none did: e.g. another
+    worker's gradients)."""
+    return next((c.reason for c in self.criteria
+                 if not c.dry_run and values["fired"][c.reason]), NONFINITE)
+
+  def would_skip(self, values):
+    """The dry-run criteria that would have skipped the step."""
+    return [c for c in self.criteria
+            if c.dry_run and values["fired"][c.reason]]
+
+  def criterion(self, reason):
+    return next(c for c in self.criteria if c.reason == reason)
+
+  def describe(self, step, reason, values, dry_run=False):
+    """The line of a skip (or dry-run would-be skip) for `reason` other
+    than non-finite, e.g. "skipped step 8: spike, gradient norm ..."."""
+    words = self.criterion(reason).describe(values["values"][reason])
+    head = ("step %d: %s would be skipped (dry run: applied)" % (step, reason)
+            if dry_run else "skipped step %d: %s" % (step, reason))
+    return head + (", " + words if words else "")
+
+  def record(self, reason, values):
+    """The skips.jsonl fields of `reason` (its values and thresholds)."""
+    return {reason: self.criterion(reason).record(values["values"][reason])}
+
+
+def summary_counts(counts):
+  """run_summary.json's fields from fetched `Report.counts`:
+  "skips_by_reason" and, with a dry run, "would_skips_by_reason"."""
+  by_reason = collections.OrderedDict()
+  would = collections.OrderedDict()
+  for name, value in sorted(counts.items()):
+    if name.endswith("_would_skips"):
+      would[name[:-len("_would_skips")]] = int(value)
+    else:
+      by_reason[name[:-len("_skips")]] = int(value)
+  return dict({"skips_by_reason": dict(by_reason)},
+              **({"would_skips_by_reason": dict(would)} if would else {}))
+
+
+def progress_words(counts):
+  """The progress line's words for fetched `Report.counts` (reasons other
+  than non-finite), e.g. " (1 spike)" or " (2 spikes; 1 would-be spike)"."""
+  by_reason = summary_counts(counts)
+  words = ["%d %s%s" % (n, r, "" if n == 1 else "s")
+           for r, n in sorted(by_reason["skips_by_reason"].items())
+           if r != NONFINITE]
+  would = ["%d would-be %s%s" % (n, r, "" if n == 1 else "s")
+           for r, n in sorted(by_reason.get("would_skips_by_reason",
+                                            {}).items())]
+  words = "; ".join(w for w in (", ".join(words), ", ".join(would)) if w)
+  return " (%s)" % words if words else ""
+
+
+def add_summaries(counts, collections=None):
+  """TensorBoard scalars `skips/<counter>` of `Report.counts` (a list)."""
+  return [tf1.summary.scalar("skips/" + name, value, collections=collections)
+          for name, value in sorted(counts.items())]
