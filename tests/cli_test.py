@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import binaries
 from tf1_safe_train.data import cifar10
+from tf1_safe_train.trainer import preflight
 
 
 class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
@@ -53,9 +54,15 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         (["--inject_nonfinite=nan@3:7"], "TOWER 7 out of range"),
         (["--model=vgg"], "vgg"),
     ]
+    # Refused before TensorFlow's import (`preflight`): it cannot be
+    # imported here, so a later refusal would end in a traceback. (Only
+    # TensorFlow can count the GPUs of a machine with a GPU device node.)
+    gpu_known = preflight.visible_gpus("gpu") is not None
     for args, expected in cases:
       with self.subTest(args=args):
-        result = binaries.run("train", "--train_dir=" + train_dir, *args)
+        result = binaries.run(
+            "train", "--train_dir=" + train_dir, *args,
+            no_tensorflow=gpu_known or "--device=gpu" not in args)
         self.assertOneLineError(result, expected)
         self.assertUntouched(train_dir, contents)
 
@@ -107,7 +114,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     with open(blocker, "w") as f:
       f.write("not a directory")
     result = binaries.run("train",
-                          "--train_dir=" + os.path.join(blocker, "run"))
+                          "--train_dir=" + os.path.join(blocker, "run"),
+                          no_tensorflow=True)  # Refused before its import.
     self.assertOneLineError(result, "--train_dir", "not writable")
 
 
