@@ -53,6 +53,10 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         (["--inject_nonfinite=nan@x:1"], "nan@x:1"),
         (["--inject_nonfinite=nan@3:7"], "TOWER 7 out of range"),
         (["--model=vgg"], "vgg"),
+        # Every task of a cluster checks the drill against its workers.
+        (["--inject_nonfinite=nan@3:0/1", "--ps_hosts=127.0.0.1:1",
+          "--worker_hosts=127.0.0.1:2", "--job_name=ps", "--task_index=0"],
+         "WORKER 1 out of range, there are 1"),
     ]
     # Refused before TensorFlow's import (`preflight`): it cannot be
     # imported here, so a later refusal would end in a traceback. (Only

@@ -94,8 +94,7 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
-  if cluster is None:
-    _preflight()
+  _preflight(cluster)
   cli.raise_on_sigterm_during_start_up()
   try:
     _run(cluster)
@@ -105,14 +104,15 @@ def main(argv):
     cli.start_up_interrupted(_PROGRAM, e)
 
 
-def _preflight():
-  """Refuses bad input on one machine before TensorFlow's import, where that
-  needs no TensorFlow (`preflight`); the same checks run again after it."""
+def _preflight(cluster):
+  """Refuses bad input before TensorFlow's import, where that needs no
+  TensorFlow (`preflight`); the same checks run again after it."""
   gpus = preflight.visible_gpus(FLAGS.device)
   if gpus is None:
     return  # Only TensorFlow knows the GPUs that --device and towers need.
   try:
-    preflight.check(make_params(FLAGS, gpus))
+    preflight.check(make_params(FLAGS, gpus),
+                    cluster.num_workers if cluster else None)
   except (params_lib.ParamsError, injection_spec.InjectionSpecError,
           train_dir_lib.TrainDirError) as e:
     cli.fail(_PROGRAM, e)

@@ -2,9 +2,10 @@
 
 Importing TensorFlow and building the graph take 5-10 s: a bad flag value,
 drill spec or --train_dir is refused in a fraction of a second instead, with
-the same line. `//:train` runs these checks on one machine before it imports
-TensorFlow; they run again where they always ran (`train.py` and
-`train_lib.train`), so a library caller loses nothing. Nothing this module
+the same line. `//:train` runs these checks before it imports TensorFlow
+(every task of a cluster too, but for the train_dir); they run again where
+they always ran (`train.py` and `train_lib.train`), so a library caller
+loses nothing. Nothing this module
 imports may import TensorFlow (tests/cli_test.py runs the refusals with an
 unimportable TensorFlow).
 """
@@ -37,20 +38,22 @@ def visible_gpus(device):
   return 0
 
 
-def check(params, num_workers=1):
-  """Refuses what a run on one machine would refuse after TensorFlow's import.
+def check(params, num_workers=None):
+  """Refuses what the task would refuse after TensorFlow's import.
 
   In the trainer's order: the drill spec against the towers and workers,
-  then the train_dir (created if missing, as the run would).
+  then, on one machine, the train_dir (created if missing, as the run
+  would; in a cluster the chief checks it once its server has started).
 
   Args:
     params: validated `params.TrainParams`.
-    num_workers: the workers of the run.
+    num_workers: the cluster's workers, or None on one machine.
 
   Raises:
     injection_spec.InjectionSpecError: for a bad --inject_nonfinite.
     train_dir.TrainDirError: for a --train_dir the run cannot use.
   """
   injection_spec.validate(injection_spec.parse_spec(params.inject_nonfinite),
-                          params.num_towers, num_workers)
-  train_dir_lib.check(params.train_dir)
+                          params.num_towers, num_workers or 1)
+  if num_workers is None:
+    train_dir_lib.check(params.train_dir)
