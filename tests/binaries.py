@@ -5,11 +5,14 @@ test lists it in its `data`); elsewhere it is `python -m tf1_safe_train.NAME`.
 Its stderr is read without TensorFlow's C++ start-up notices.
 """
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 # TensorFlow's C++ start-up notices (glog format, printed before its logging
 # is configured) are not ours to count.
@@ -35,7 +38,23 @@ def command(name):
   return [sys.executable, "-m", "tf1_safe_train." + name]
 
 
-def env(tf_config=None, **extra):
+_NO_TENSORFLOW = 'raise ImportError("tensorflow was imported")\n'
+
+
+def _no_tensorflow_dir():
+  """A directory whose `tensorflow` package fails to import (made once)."""
+  path = os.path.join(tempfile.gettempdir(), "binaries_no_tensorflow_%d" %
+                      os.getpid())
+  package = os.path.join(path, "tensorflow")
+  if not os.path.exists(package):
+    os.makedirs(package)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    with open(os.path.join(package, "__init__.py"), "w") as f:
+      f.write(_NO_TENSORFLOW)
+  return path
+
+
+def env(tf_config=None, no_tensorflow=False, **extra):
   """The environment of a binary: this one, quiet, on this `sys.path`.
 
   An inherited TF_CONFIG is dropped, so a binary runs on one machine unless
@@ -43,13 +62,16 @@ def env(tf_config=None, **extra):
 
   Args:
     tf_config: the TF_CONFIG JSON to set, or None for none.
+    no_tensorflow: whether importing TensorFlow fails (with a traceback):
+      for what a binary must do before it imports TensorFlow.
     **extra: further variables to set.
 
   Returns:
     The environment, a new dict.
   """
+  path = ([_no_tensorflow_dir()] if no_tensorflow else []) + sys.path
   result = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                PYTHONPATH=os.pathsep.join(sys.path), **extra)
+                PYTHONPATH=os.pathsep.join(path), **extra)
   result.pop("TF_CONFIG", None)
   if tf_config is not None:
     result["TF_CONFIG"] = tf_config
@@ -63,7 +85,8 @@ def run(name, *args, timeout=300, **env_args):
     name: the binary, as for `command`.
     *args: its arguments.
     timeout: seconds before `subprocess.TimeoutExpired` is raised.
-    **env_args: passed to `env` (tf_config, extra variables).
+    **env_args: passed to `env` (tf_config, no_tensorflow, extra
+      variables).
 
   Returns:
     The `subprocess.CompletedProcess`, stdout and stderr as text.

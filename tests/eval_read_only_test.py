@@ -7,6 +7,8 @@ in a mount namespace of the eval process only (`mount_namespace`).
 """
 
 import os
+import shutil
+import tempfile
 
 import tensorflow as tf
 
@@ -14,6 +16,8 @@ import binaries
 import mount_namespace
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import train_lib
+
+tf1 = tf.compat.v1
 
 
 def _listing(directory):
@@ -30,16 +34,28 @@ def _listing(directory):
 
 class EvalReadOnlyTest(tf.test.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # A finished 2-step run, trained once; each test evaluates a copy.
+    cls.template = os.path.join(
+        tempfile.mkdtemp(dir=tf1.test.get_temp_dir()), "run")
+    train_lib.train(params_lib.TrainParams(
+        train_dir=cls.template, num_towers=1, device="cpu", batch_size=4,
+        max_steps=2, save_summaries_steps=1000,
+        log_every_n_steps=1000).validate())
+
+  def _finished_run(self, name):
+    train_dir = os.path.join(self.get_temp_dir(), name)
+    shutil.copytree(self.template, train_dir)
+    return train_dir
+
   # Regression test (issue 23, 9): //:eval wrote its summary into the
   # train_dir and failed on an archived, read-only run.
   def testEvaluatesReadOnlyTrainDirAndWritesNothingThere(self):
     if not mount_namespace.available():
       self.skipTest("cannot mount in a mount namespace here")
-    train_dir = os.path.join(self.get_temp_dir(), "archived")
-    train_lib.train(params_lib.TrainParams(
-        train_dir=train_dir, num_towers=1, device="cpu", batch_size=4,
-        max_steps=2, save_summaries_steps=1000,
-        log_every_n_steps=1000).validate())
+    train_dir = self._finished_run("archived")
     before = _listing(train_dir)
     result = mount_namespace.run(binaries.command("eval") + [
         "--train_dir=" + train_dir, "--batch_size=50", "--max_examples=100"],
@@ -54,11 +70,7 @@ class EvalReadOnlyTest(tf.test.TestCase):
     self.assertEqual(_listing(train_dir), before)
 
   def testWritesItsScalarsIntoAWritableTrainDir(self):
-    train_dir = os.path.join(self.get_temp_dir(), "writable")
-    train_lib.train(params_lib.TrainParams(
-        train_dir=train_dir, num_towers=1, device="cpu", batch_size=4,
-        max_steps=2, save_summaries_steps=1000,
-        log_every_n_steps=1000).validate())
+    train_dir = self._finished_run("writable")
     result = binaries.run("eval", "--train_dir=" + train_dir,
                           "--batch_size=50", "--max_examples=100")
     self.assertEqual(result.returncode, 0, result.stderr)

@@ -197,16 +197,21 @@ class CrashResumeTest(tf.test.TestCase):
 class RerunFinishedRunTest(tf.test.TestCase):
   """A run restored at --max_steps (a rerun, or a crash after the end)."""
 
-  def _run_twice(self):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # One run, then its rerun: both tests read them.
+    cls.train_dir = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
     params = params_lib.TrainParams(
-        train_dir=train_dir, num_towers=2, device="cpu", batch_size=2,
+        train_dir=cls.train_dir, num_towers=2, device="cpu", batch_size=2,
         max_steps=3, save_checkpoints_steps=1000, save_summaries_steps=1000,
         log_every_n_steps=1000, inject_nonfinite="nan@1:0").validate()
-    first = train_lib.train(params)
-    self.assertEqual(first["global_step"], 3)
-    second = train_lib.train(params)
-    return train_dir, first, second
+    cls.first = train_lib.train(params)
+    cls.second = train_lib.train(params)
+
+  def _run_twice(self):
+    self.assertEqual(self.first["global_step"], 3)
+    return self.train_dir, self.first, self.second
 
   # Regression test (fixed in tf1_safe_train/trainer/train_lib.py, train): it
   # stops with tf1.train.StopAtStepHook, which decides only after a step, so a

@@ -20,7 +20,7 @@ upstream gradient, which is +-inf or NaN (inf * 0) whatever that gradient is.
 So a step is skipped exactly when some tower is poisoned, and the count is
 `injection.expected_injections`; `testEveryKindPoisonsEveryTarget` checks it.
 
-Steps: $TF1_SAFE_TRAIN_SOAK_STEPS (default 300; the `long` Bazel target runs
+Steps: $TF1_SAFE_TRAIN_SOAK_STEPS (default 150; the `long` Bazel target runs
 2000).
 """
 
@@ -40,11 +40,12 @@ from tf1_safe_train.trainer import train_lib
 tf1 = tf.compat.v1
 
 STEPS_ENV = "TF1_SAFE_TRAIN_SOAK_STEPS"
-_DEFAULT_STEPS = 300
+_DEFAULT_STEPS = 150
 # About 5% of the steps: tower 0 ~3% (nan, -inf), tower 1 2% (inf).
 _SPEC = "nan%0.02:0,-inf%0.01:0,inf%0.02:1"
-# With this seed every segment poisons both towers, at 300 and 2000 steps.
-_SEED = 11
+# With this seed every segment poisons both towers, at 150, 300 and 2000
+# steps.
+_SEED = 7
 _NUM_TOWERS = 2
 _BATCH_SIZE = 8
 _CHECKPOINT_EVERY = 25

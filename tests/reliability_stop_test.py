@@ -28,6 +28,8 @@ from tf1_safe_train.trainer import stop_signals
 tf1 = tf.compat.v1
 
 _SEED = 5
+# The drill of the interrupted runs: both towers, a skip every few steps.
+_DRILL = "nan%0.2:0,-inf%0.1:1"
 
 
 def _common_args(train_dir):
@@ -204,11 +206,20 @@ class OutOfMemoryTest(tf.test.TestCase):
 
 class SignalTest(tf.test.TestCase):
 
-  def _interrupt(self, sig):
-    """Signals a running trainer; checks the clean stop; returns train_dir."""
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    log = train_dir + ".log"
-    drill = lib.Drill("nan%0.2:0,-inf%0.1:1", 2, _SEED)
+  def _interrupt(self, sig, train_dir=None, after=0):
+    """Signals a trainer some steps past step `after`; checks the clean stop.
+
+    Args:
+      sig: the signal.
+      train_dir: the run to resume, or None for a new one.
+      after: the step the run resumes from.
+
+    Returns:
+      (train_dir, the step it stopped at, the run's log text).
+    """
+    train_dir = train_dir or tempfile.mkdtemp(dir=self.get_temp_dir())
+    log = "%s-%d.log" % (train_dir, sig)
+    drill = lib.Drill(_DRILL, 2, _SEED)
     process = lib.start_trainer(_common_args(train_dir) + [
         "--max_steps=1000000", "--save_checkpoints_steps=1000000",
         "--log_every_n_steps=1", "--inject_nonfinite=" + drill.spec,
@@ -216,8 +227,8 @@ class SignalTest(tf.test.TestCase):
     try:
       # Some steps in (and so past every start-up phase), then the signal.
       self.assertTrue(lib.wait_until(
-          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 8,
-          300, process=process), lib.read_text(log))
+          lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >=
+          after + 8, 300, process=process), lib.read_text(log))
       lib.send(process, sig)
       process.wait(timeout=240)
     finally:
@@ -232,7 +243,8 @@ class SignalTest(tf.test.TestCase):
     summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "interrupted")
     step = summary["global_step"]
-    self.assertGreaterEqual(step, 8)
+    self.assertGreaterEqual(step, after + 8)
+    self.assertEqual(summary["steps_this_run"], step - after)
     self.assertEqual(lib.summary_counters(summary),
                      drill.expected_counters(step))
     # The final checkpoint is at the summary's step (the interval is far).
@@ -242,22 +254,17 @@ class SignalTest(tf.test.TestCase):
     self.assertEqual(train_dir_util.nonfinite_entries(values), [])
     self.assertEqual(lib.checkpoint_counters(values),
                      drill.expected_counters(step))
-    return train_dir, drill, step
+    return train_dir, step, text
 
-  def testSigtermSavesCheckpointAndSummaryThenResumes(self):
-    train_dir, drill, step = self._interrupt(signal.SIGTERM)
-    result = lib.run_trainer(_common_args(train_dir) + [
-        "--max_steps=%d" % (step + 3), "--inject_nonfinite=" + drill.spec,
-        "--max_consecutive_skips=0"])
-    self.assertEqual(result.returncode, 0, result.stderr)
-    summary = train_dir_util.read_run_summary(train_dir)
-    self.assertEqual(summary["exit_reason"], "max_steps")
-    self.assertEqual(summary["steps_this_run"], 3)
-    self.assertEqual(lib.summary_counters(summary),
-                     drill.expected_counters(step + 3))
-
-  def testCtrlCSavesCheckpointAndSummary(self):
-    self._interrupt(signal.SIGINT)
+  # One run stopped twice: by SIGTERM, then, once resumed, by Ctrl-C
+  # (SIGINT). Each stop is clean (exit 0, final checkpoint and summary at
+  # its step, exact counters); the second run resumed from the first's
+  # final checkpoint (its steps_this_run counts from there).
+  def testSigtermThenCtrlCSaveCheckpointAndSummaryAndTheRunResumes(self):
+    train_dir, step, _ = self._interrupt(signal.SIGTERM)
+    _, _, text = self._interrupt(signal.SIGINT, train_dir, after=step)
+    self.assertIn("Restoring parameters from %s" % os.path.join(
+        train_dir, "model.ckpt-%d" % step), text)
 
   # Regression test (issue 17, 4): two SIGTERMs apart ended the run with
   # no line and no run_summary.json, and the final checkpoint half written.

@@ -21,7 +21,10 @@ from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.trainer import crash_report
 from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import injection_spec
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import preflight
+from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 # Declared in params.TrainParams and cluster_flags; defined here, so that
 # absl files them under this binary (--helpshort).
@@ -91,6 +94,7 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
+  _preflight(cluster)
   cli.raise_on_sigterm_during_start_up()
   try:
     _run(cluster)
@@ -98,6 +102,20 @@ def main(argv):
     # Ctrl-C or SIGTERM before the trainer's own handlers are installed
     # (TensorFlow's import, graph building): nothing was trained yet.
     cli.start_up_interrupted(_PROGRAM, e)
+
+
+def _preflight(cluster):
+  """Refuses bad input before TensorFlow's import, where that needs no
+  TensorFlow (`preflight`); the same checks run again after it."""
+  gpus = preflight.visible_gpus(FLAGS.device)
+  if gpus is None:
+    return  # Only TensorFlow knows the GPUs that --device and towers need.
+  try:
+    preflight.check(make_params(FLAGS, gpus),
+                    cluster.num_workers if cluster else None)
+  except (params_lib.ParamsError, injection_spec.InjectionSpecError,
+          train_dir_lib.TrainDirError) as e:
+    cli.fail(_PROGRAM, e)
 
 
 def _run(cluster):
