@@ -120,54 +120,6 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertTrue(any("every worker finished; exiting" in line
                         for line in _task_lines(err, "ps 0")))
 
-  def testSyncSkipsTheAggregateForEveryReplica(self):
-    train_dir = self._train_dir()
-    code, _, err = self._local_cluster(
-        train_dir, "--sync_replicas", "--max_steps=12",
-        "--save_checkpoints_steps=1", "--inject_nonfinite=nan@8-10/1")
-    self.assertEqual(code, 0, err[-3000:])
-    summary = _read_summary(train_dir)
-    self.assertEqual(summary["global_step"], 12)
-    self.assertEqual(summary["skipped_steps"], 3)
-    self.assertEqual(summary["applied_steps"], 9)
-    self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 0])
-    self.assertTrue(summary["cluster"]["sync_replicas"])
-    # Worker 1 reports its own poisoned gradients; worker 0's were finite.
-    reports = _skip_reports(_task_lines(err, "worker 1"))
-    self.assertEqual([int(re.search(r"skipped step (\d+)", r).group(1))
-                      for r in reports], [8, 9, 10])
-    self.assertEqual(_skip_reports(_task_lines(err, "worker 0")), [])
-    # Each worker records and replays its own towers; the chief's summary
-    # merges the workers' logs.
-    device = "/job:worker/task:1/device:CPU:0"
-    records = skip_log.read(skip_log.path(train_dir, 1))
-    self.assertEqual([(r["step"], r["worker"], r["verdict"]) for r in records],
-                     [(s, 1, "not reproducible: suspect " + device)
-                      for s in (8, 9, 10)])
-    self.assertEqual(skip_log.read(skip_log.path(train_dir, 0)), [])
-    self.assertEqual(summary["forensics"]["suspect_devices_all_runs"],
-                     {device: 3})
-    # The chief saved after every aggregate step: across the three skipped
-    # ones, nothing but the counters moved (weights, Momentum slots); the
-    # next applied step moves the model again. (Step 8: the first steps may
-    # run before worker 1 has joined.)
-    path = os.path.join(train_dir, "model.ckpt-%d")
-    for step in (8, 11, 12):
-      self.assertTrue(tf1.train.checkpoint_exists(path % step),
-                      "no checkpoint at step %d: %s" % (
-                          step, sorted(os.listdir(train_dir))))
-    before, after, applied = (_checkpoint_values(path % s)
-                              for s in (8, 11, 12))
-    self.assertEqual(set(_changed(before, after)),
-                     {"global_step", "skipped_steps", "consecutive_skips",
-                      "max_consecutive_skips_seen",
-                      "nonfinite_steps_by_tower"})
-    self.assertEqual(after["skipped_steps"] - before["skipped_steps"], 3)
-    moved = _changed(after, applied)
-    self.assertIn("small_cnn/conv1/weights", moved)
-    self.assertIn("small_cnn/conv1/weights/Momentum", moved)
-    self.assertEqual(_nonfinite_variables(applied), [])
-
   def testSyncFp16OneLossScaleForEveryReplica(self):
     # The chief's decision on the aggregate updates the one loss scale every
     # worker reads: worker 1's NaN at step 8 skips the aggregate and halves
@@ -193,13 +145,17 @@ class DistributedTrainTest(tf.test.TestCase):
               for s in (8, 9, 12)]
     self.assertEqual(scales, [256.0, 128.0, 128.0])
 
-  def testRestartedWorkerRejoinsAndTheRunFinishes(self):
+  def testRestartedWorkerRejoinsAndSyncSkipsTheAggregateForEveryReplica(
+      self):
+    # One sync run proves both: worker 1 is killed at step 10 and restarted,
+    # and the restarted worker's gradients are poisoned at steps 26-28.
     train_dir = self._train_dir()
     ports = local_cluster_lib.free_ports(3)
     cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
     flags = ["--train_dir=" + train_dir, "--sync_replicas", "--max_steps=30",
-             "--save_checkpoints_steps=1000"] + list(_TRAIN_FLAGS)
+             "--save_checkpoints_steps=1", "--inject_nonfinite=nan@26-28/1"
+            ] + list(_TRAIN_FLAGS)
     processes, logs = {}, {}
 
     def start(name, job, index):
@@ -253,6 +209,50 @@ class DistributedTrainTest(tf.test.TestCase):
     values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
     self.assertEqual(values["global_step"], 30)
     self.assertEqual(_nonfinite_variables(values), [])
+    self._assertSyncSkippedTheAggregates(
+        train_dir, summary, log_of("worker0"), log_of("worker1_again"))
+
+  def _assertSyncSkippedTheAggregates(self, train_dir, summary, worker0,
+                                      worker1):
+    """Worker 1's poisoned steps 26-28 skipped the aggregate for all."""
+    self.assertEqual(summary["skipped_steps"], 3)
+    self.assertEqual(summary["applied_steps"], 27)
+    self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 0])
+    self.assertTrue(summary["cluster"]["sync_replicas"])
+    # Worker 1 reports its own poisoned gradients; worker 0's were finite.
+    reports = _skip_reports(worker1.splitlines())
+    self.assertEqual([int(re.search(r"skipped step (\d+)", r).group(1))
+                      for r in reports], [26, 27, 28])
+    self.assertEqual(_skip_reports(worker0.splitlines()), [])
+    # Each worker records and replays its own towers; the chief's summary
+    # merges the workers' logs.
+    device = "/job:worker/task:1/device:CPU:0"
+    records = skip_log.read(skip_log.path(train_dir, 1))
+    self.assertEqual([(r["step"], r["worker"], r["verdict"]) for r in records],
+                     [(s, 1, "not reproducible: suspect " + device)
+                      for s in (26, 27, 28)])
+    self.assertEqual(skip_log.read(skip_log.path(train_dir, 0)), [])
+    self.assertEqual(summary["forensics"]["suspect_devices_all_runs"],
+                     {device: 3})
+    # The chief saved after every aggregate step: across the three skipped
+    # ones, nothing but the counters moved (weights, Momentum slots); the
+    # next applied step moves the model again.
+    path = os.path.join(train_dir, "model.ckpt-%d")
+    for step in (26, 29, 30):
+      self.assertTrue(tf1.train.checkpoint_exists(path % step),
+                      "no checkpoint at step %d: %s" % (
+                          step, sorted(os.listdir(train_dir))))
+    before, after, applied = (_checkpoint_values(path % s)
+                              for s in (26, 29, 30))
+    self.assertEqual(set(_changed(before, after)),
+                     {"global_step", "skipped_steps", "consecutive_skips",
+                      "max_consecutive_skips_seen",
+                      "nonfinite_steps_by_tower"})
+    self.assertEqual(after["skipped_steps"] - before["skipped_steps"], 3)
+    moved = _changed(after, applied)
+    self.assertIn("small_cnn/conv1/weights", moved)
+    self.assertIn("small_cnn/conv1/weights/Momentum", moved)
+    self.assertEqual(_nonfinite_variables(applied), [])
 
 
 if __name__ == "__main__":
