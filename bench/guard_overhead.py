@@ -37,6 +37,8 @@ flags.DEFINE_boolean("memory_probe", True,
                      "Measure each variant's peak RSS in a fresh process.")
 flags.DEFINE_list("memory_probe_only", [],
                   "Probe memory only for these models (default: all).")
+flags.DEFINE_list("memory_probe_variants", [],
+                  "Probe memory only for these variants (default: all).")
 flags.DEFINE_integer("memory_probe_steps", 3,
                      "Steps each memory probe runs after building.")
 flags.DEFINE_integer("memory_probe_workers", 2,
@@ -44,8 +46,9 @@ flags.DEFINE_integer("memory_probe_workers", 2,
 flags.DEFINE_integer("seed", 0, "Graph-level seed and batch choice.")
 flags.DEFINE_boolean("quick", False,
                      "Small batch, 3 rounds, no A/A control, memory of "
-                     "small_cnn only: checks that everything runs (< 1 min); "
-                     "flags given explicitly still win.")
+                     "small_cnn's plain and guarded trainer steps only: "
+                     "checks that everything runs (< 1 min); flags given "
+                     "explicitly still win.")
 flags.DEFINE_string("json_out", "/tmp/guard_overhead.json",
                     "Where to write the results as JSON ('' = nowhere).")
 flags.DEFINE_string("markdown_out", "",
@@ -55,7 +58,8 @@ FLAGS = flags.FLAGS
 _CONFIG_FLAGS = ("models", "batch_size", "warmup_steps", "rounds",
                  "max_timing_seconds", "steps_per_block", "learning_rate",
                  "aa_control", "memory_probe", "memory_probe_only",
-                 "memory_probe_steps", "memory_probe_workers", "seed")
+                 "memory_probe_variants", "memory_probe_steps",
+                 "memory_probe_workers", "seed")
 
 
 def make_config(f, lib):

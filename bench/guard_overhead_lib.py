@@ -71,6 +71,7 @@ class BenchConfig(object):
   aa_control: bool = True
   memory_probe: bool = True
   memory_probe_only: tuple = ()
+  memory_probe_variants: tuple = ()
   memory_probe_steps: int = 3
   memory_probe_workers: int = 2
   seed: int = 0
@@ -87,6 +88,10 @@ class BenchConfig(object):
       if name not in self.models:
         raise ValueError("memory_probe_only: %r is not among the measured "
                          "models %s" % (name, ", ".join(self.models)))
+    for name in self.memory_probe_variants:
+      if name not in VARIANTS:
+        raise ValueError("memory_probe_variants: unknown variant %r; "
+                         "expected some of %s" % (name, ", ".join(VARIANTS)))
     for name, low in (("batch_size", 1), ("warmup_steps", 0), ("rounds", 1),
                       ("steps_per_block", 1), ("memory_probe_steps", 1),
                       ("memory_probe_workers", 1)):
@@ -112,16 +117,22 @@ class BenchConfig(object):
     return tuple(m for m in self.models
                  if not self.memory_probe_only or m in self.memory_probe_only)
 
+  def memory_probe_variant_names(self):
+    """The variants that get a memory probe, in the table's order."""
+    return tuple(v for v in VARIANTS if not self.memory_probe_variants or
+                 v in self.memory_probe_variants)
+
 
 def quick_config(**overrides):
   """A configuration that checks everything runs, in under a minute.
 
-  Small batch, 3 rounds, no A/A control, memory probed for the first model
-  only: its figures mean little. `overrides` are `BenchConfig` fields that
-  win over these.
+  Small batch, 3 rounds, no A/A control, memory probed for the first model's
+  plain and guarded trainer steps only (a process each): its figures mean
+  little. `overrides` are `BenchConfig` fields that win over these.
   """
   quick = dict(batch_size=16, warmup_steps=1, rounds=3, aa_control=False,
-               memory_probe_steps=1)
+               memory_probe_steps=1,
+               memory_probe_variants=(BASELINE, "guarded_trainer_step"))
   quick.update(overrides)
   quick.setdefault("memory_probe_only",
                    tuple(quick.get("models", BenchConfig.models))[:1])
@@ -433,7 +444,8 @@ def probe_memory(config, log_fn=print):
   Returns:
     dict model -> dict variant -> `_probe_memory` dict.
   """
-  jobs = [(m, v) for m in config.memory_probe_models() for v in VARIANTS]
+  jobs = [(m, v) for m in config.memory_probe_models()
+          for v in config.memory_probe_variant_names()]
   args = [[v, m, config.batch_size, config.memory_probe_steps,
            config.learning_rate, config.seed] for m, v in jobs]
   log_fn("memory: %d probe processes, %d at a time" %

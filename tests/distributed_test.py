@@ -1,6 +1,8 @@
-"""Clusters on loopback: async and sync skips, a restarted worker, the launcher.
+"""Clusters on loopback: async and sync skips, a restarted worker.
 
-Every test bounds its run with timeouts and, in a finally block, kills what
+1 ps + 2 workers of the real binary, through //:local_cluster or started
+one by one. (The launcher with stand-in tasks and a ps thread in-process
+are cluster_in_process_test's: they need not run alone.) Every test bounds its run with timeouts and, in a finally block, kills what
 it started and checks that no process it started is left (by Popen.poll, and
 by scanning /proc for the run's unique directory or marker).
 """
@@ -8,11 +10,8 @@ by scanning /proc for the run's unique directory or marker).
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 
@@ -21,22 +20,12 @@ import tensorflow as tf
 
 import binaries
 from tf1_safe_train.cluster import local_cluster_lib
-from tf1_safe_train.cluster import replicas
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import run_summary
-from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 
 _RUN_TIMEOUT_SECS = 240
-# Counters and statistics that change on a skipped step by design.
-_COUNTERS = {"global_step", "applied_steps", "skipped_steps",
-             "consecutive_skips", "max_consecutive_skips_seen",
-             "nonfinite_steps_by_tower"}
-
-
 
 
 
@@ -131,53 +120,6 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertTrue(any("every worker finished; exiting" in line
                         for line in _task_lines(err, "ps 0")))
 
-  def testSyncSkipsTheAggregateForEveryReplica(self):
-    train_dir = self._train_dir()
-    code, _, err = self._local_cluster(
-        train_dir, "--sync_replicas", "--max_steps=30",
-        "--save_checkpoints_steps=1", "--inject_nonfinite=nan@26-28/1")
-    self.assertEqual(code, 0, err[-3000:])
-    summary = _read_summary(train_dir)
-    self.assertEqual(summary["global_step"], 30)
-    self.assertEqual(summary["skipped_steps"], 3)
-    self.assertEqual(summary["applied_steps"], 27)
-    self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 0])
-    self.assertTrue(summary["cluster"]["sync_replicas"])
-    # Worker 1 reports its own poisoned gradients; worker 0's were finite.
-    reports = _skip_reports(_task_lines(err, "worker 1"))
-    self.assertEqual([int(re.search(r"skipped step (\d+)", r).group(1))
-                      for r in reports], [26, 27, 28])
-    self.assertEqual(_skip_reports(_task_lines(err, "worker 0")), [])
-    # Each worker records and replays its own towers; the chief's summary
-    # merges the workers' logs.
-    device = "/job:worker/task:1/device:CPU:0"
-    records = skip_log.read(skip_log.path(train_dir, 1))
-    self.assertEqual([(r["step"], r["worker"], r["verdict"]) for r in records],
-                     [(s, 1, "not reproducible: suspect " + device)
-                      for s in (26, 27, 28)])
-    self.assertEqual(skip_log.read(skip_log.path(train_dir, 0)), [])
-    self.assertEqual(summary["forensics"]["suspect_devices_all_runs"],
-                     {device: 3})
-    # The chief saved after every aggregate step: across the three skipped
-    # ones, nothing but the counters moved (weights, Momentum slots); the
-    # next applied step moves the model again.
-    path = os.path.join(train_dir, "model.ckpt-%d")
-    for step in (26, 29, 30):
-      self.assertTrue(tf1.train.checkpoint_exists(path % step),
-                      "no checkpoint at step %d: %s" % (
-                          step, sorted(os.listdir(train_dir))))
-    before, after, applied = (_checkpoint_values(path % s)
-                              for s in (26, 29, 30))
-    self.assertEqual(set(_changed(before, after)),
-                     {"global_step", "skipped_steps", "consecutive_skips",
-                      "max_consecutive_skips_seen",
-                      "nonfinite_steps_by_tower"})
-    self.assertEqual(after["skipped_steps"] - before["skipped_steps"], 3)
-    moved = _changed(after, applied)
-    self.assertIn("small_cnn/conv1/weights", moved)
-    self.assertIn("small_cnn/conv1/weights/Momentum", moved)
-    self.assertEqual(_nonfinite_variables(applied), [])
-
   def testSyncFp16OneLossScaleForEveryReplica(self):
     # The chief's decision on the aggregate updates the one loss scale every
     # worker reads: worker 1's NaN at step 8 skips the aggregate and halves
@@ -203,13 +145,17 @@ class DistributedTrainTest(tf.test.TestCase):
               for s in (8, 9, 12)]
     self.assertEqual(scales, [256.0, 128.0, 128.0])
 
-  def testRestartedWorkerRejoinsAndTheRunFinishes(self):
+  def testRestartedWorkerRejoinsAndSyncSkipsTheAggregateForEveryReplica(
+      self):
+    # One sync run proves both: worker 1 is killed at step 10 and restarted,
+    # and the restarted worker's gradients are poisoned at steps 26-28.
     train_dir = self._train_dir()
     ports = local_cluster_lib.free_ports(3)
     cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
     flags = ["--train_dir=" + train_dir, "--sync_replicas", "--max_steps=30",
-             "--save_checkpoints_steps=1000"] + list(_TRAIN_FLAGS)
+             "--save_checkpoints_steps=1", "--inject_nonfinite=nan@26-28/1"
+            ] + list(_TRAIN_FLAGS)
     processes, logs = {}, {}
 
     def start(name, job, index):
@@ -263,176 +209,50 @@ class DistributedTrainTest(tf.test.TestCase):
     values = _checkpoint_values(tf1.train.latest_checkpoint(train_dir))
     self.assertEqual(values["global_step"], 30)
     self.assertEqual(_nonfinite_variables(values), [])
+    self._assertSyncSkippedTheAggregates(
+        train_dir, summary, log_of("worker0"), log_of("worker1_again"))
 
-
-class InProcessClusterTest(tf.test.TestCase):
-  """1 ps (a thread) + 1 worker in this process: batch-norm statistics."""
-
-  def _train(self, sync):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    params = params_lib.TrainParams(
-        train_dir=train_dir, model="resnet20", num_towers=1, device="cpu",
-        batch_size=4, max_steps=8, save_checkpoints_steps=1,
-        save_summaries_steps=1000, log_every_n_steps=4, sync_replicas=sync,
-        inject_into="input", inject_nonfinite="nan@4-5",
-        max_consecutive_skips=0).validate()
-    cluster = local_cluster_lib.make_cluster(num_ps=1, num_workers=1)
-    ps = threading.Thread(target=replicas.serve_parameter_server,
-                          args=(cluster.for_task("ps", 0), params),
-                          daemon=True)
-    ps.start()
-    summary = train_lib.train(
-        params, strategy=replication.make(params, cluster))
-    ps.join(60)
-    self.assertFalse(ps.is_alive(), "the ps did not end with the run")
-    return train_dir, summary
-
-  def _assertStatisticsUnchangedOnSkippedSteps(self, sync):
-    train_dir, summary = self._train(sync)
-    self.assertEqual((summary["global_step"], summary["skipped_steps"],
-                      summary["applied_steps"]), (8, 2, 6))
+  def _assertSyncSkippedTheAggregates(self, train_dir, summary, worker0,
+                                      worker1):
+    """Worker 1's poisoned steps 26-28 skipped the aggregate for all."""
+    self.assertEqual(summary["skipped_steps"], 3)
+    self.assertEqual(summary["applied_steps"], 27)
+    self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 0])
+    self.assertTrue(summary["cluster"]["sync_replicas"])
+    # Worker 1 reports its own poisoned gradients; worker 0's were finite.
+    reports = _skip_reports(worker1.splitlines())
+    self.assertEqual([int(re.search(r"skipped step (\d+)", r).group(1))
+                      for r in reports], [26, 27, 28])
+    self.assertEqual(_skip_reports(worker0.splitlines()), [])
+    # Each worker records and replays its own towers; the chief's summary
+    # merges the workers' logs.
+    device = "/job:worker/task:1/device:CPU:0"
+    records = skip_log.read(skip_log.path(train_dir, 1))
+    self.assertEqual([(r["step"], r["worker"], r["verdict"]) for r in records],
+                     [(s, 1, "not reproducible: suspect " + device)
+                      for s in (26, 27, 28)])
+    self.assertEqual(skip_log.read(skip_log.path(train_dir, 0)), [])
+    self.assertEqual(summary["forensics"]["suspect_devices_all_runs"],
+                     {device: 3})
+    # The chief saved after every aggregate step: across the three skipped
+    # ones, nothing but the counters moved (weights, Momentum slots); the
+    # next applied step moves the model again.
     path = os.path.join(train_dir, "model.ckpt-%d")
-    before, after, applied = (_checkpoint_values(path % s) for s in (4, 6, 7))
-    # NaN images poison the forward pass, so tower 0's moving statistics
-    # would be NaN: they are applied with the decision, not before it.
-    self.assertEqual(set(_changed(before, after)) - _COUNTERS, set())
+    for step in (26, 29, 30):
+      self.assertTrue(tf1.train.checkpoint_exists(path % step),
+                      "no checkpoint at step %d: %s" % (
+                          step, sorted(os.listdir(train_dir))))
+    before, after, applied = (_checkpoint_values(path % s)
+                              for s in (26, 29, 30))
+    self.assertEqual(set(_changed(before, after)),
+                     {"global_step", "skipped_steps", "consecutive_skips",
+                      "max_consecutive_skips_seen",
+                      "nonfinite_steps_by_tower"})
+    self.assertEqual(after["skipped_steps"] - before["skipped_steps"], 3)
     moved = _changed(after, applied)
-    self.assertIn("resnet20/initial/bn/moving_mean", moved)
-    self.assertTrue(any(n.startswith(
-        "resnet20/initial/bn/moving_mean/skip_shadow_of_") for n in moved),
-                    moved)
+    self.assertIn("small_cnn/conv1/weights", moved)
+    self.assertIn("small_cnn/conv1/weights/Momentum", moved)
     self.assertEqual(_nonfinite_variables(applied), [])
-
-  def testAsyncBatchNormStatisticsUnchangedOnSkippedSteps(self):
-    self._assertStatisticsUnchangedOnSkippedSteps(sync=False)
-
-  def testSyncBatchNormStatisticsUnchangedOnSkippedAggregate(self):
-    self._assertStatisticsUnchangedOnSkippedSteps(sync=True)
-
-
-# A stand-in task for the launcher's tests: says hello on both streams, then
-# does what its `<job><index>=<action>` argument says (default: wait).
-_FAKE_TASK = r"""
-import json, os, sys, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-name = "%s%d" % (task["type"], task["index"])
-print("hello from " + name, flush=True)
-print("stderr of " + name, file=sys.stderr, flush=True)
-actions = dict(a.split("=") for a in sys.argv[1:] if "=" in a)
-action = actions.get(name, "wait")
-if action.startswith("exit"):
-  time.sleep(0.3)
-  sys.exit(int(action[4:]))
-time.sleep(300)
-"""
-
-
-class LocalClusterLauncherTest(tf.test.TestCase):
-  """The launcher with stand-in tasks (no TensorFlow): fast."""
-
-  def _launcher(self, marker, *actions, **kwargs):
-    self._out, self._err = _Lines(), _Lines()
-    return local_cluster_lib.LocalCluster(
-        1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker],
-        list(actions), out=self._out, err=self._err, **kwargs)
-
-  def _run(self, launcher, marker):
-    try:
-      return launcher.run()
-    finally:
-      left = binaries.kill_leftovers(marker)
-      self.assertEqual(left, [], "processes left running")
-      self.assertTrue(all(t.poll() is not None for t in launcher.tasks))
-
-  def testExitsWithTheChiefsCodeAndStopsTheOthers(self):
-    marker = "marker_" + uuid.uuid4().hex
-    launcher = self._launcher(marker, "worker0=exit3")
-    self.assertEqual(self._run(launcher, marker), 3)
-    self.assertIn("[worker 0] hello from worker0", self._out.text)
-    self.assertIn("[ps 0] hello from ps0", self._out.text)
-    self.assertIn("[worker 1] stderr of worker1", self._err.text)
-
-  def testCleanChiefWaitsThenStopsLeftovers(self):
-    marker = "marker_" + uuid.uuid4().hex
-    launcher = self._launcher(marker, "worker0=exit0", "worker1=exit0",
-                              stop_grace_secs=1)
-    self.assertEqual(self._run(launcher, marker), 0)
-    self.assertIn("local_cluster: still running 1s after the chief "
-                  "finished: ps 0; stopping them", self._err.text)
-
-  def testTaskDyingBeforeTheChiefStopsTheCluster(self):
-    marker = "marker_" + uuid.uuid4().hex
-    launcher = self._launcher(marker, "worker1=exit5")
-    self.assertEqual(self._run(launcher, marker), 1)
-    self.assertIn("local_cluster: worker 1 exited with exit code 5 before "
-                  "the chief finished; stopping the cluster", self._err.text)
-
-  def testSignalStopsEveryTask(self):
-    marker = "marker_" + uuid.uuid4().hex
-    launcher = self._launcher(marker)
-    result = []
-    thread = threading.Thread(
-        target=lambda: result.append(self._run(launcher, marker)))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while self._out.text.count("hello from") < 3:
-      self.assertLess(time.monotonic(), deadline)
-      time.sleep(0.1)
-    launcher.request_stop(signal.SIGTERM)
-    thread.join(60)
-    self.assertFalse(thread.is_alive())
-    self.assertEqual(result, [128 + signal.SIGTERM])
-
-  def testTasksDieWithAKilledLauncher(self):
-    marker = "marker_" + uuid.uuid4().hex
-    script = ("import sys\n"
-              "from tf1_safe_train.cluster import local_cluster_lib\n"
-              "local_cluster_lib.LocalCluster(1, 2, lambda t: [sys.executable, "
-              "'-c', %r, %r]).run()\n" % (_FAKE_TASK, marker))
-    launcher = subprocess.Popen([sys.executable, "-c", script],
-                                env=binaries.env(), stdout=subprocess.PIPE,
-                                text=True)
-    try:
-      for _ in range(3):
-        self.assertIn("hello from", launcher.stdout.readline())
-      launcher.kill()
-      launcher.wait(timeout=30)
-      deadline = time.monotonic() + 30
-      while binaries.processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    finally:
-      if launcher.poll() is None:
-        launcher.kill()
-      launcher.stdout.close()
-      left = binaries.kill_leftovers(marker)
-    self.assertEqual(left, [])
-
-  def testRejectsClusterFlagsInOneLine(self):
-    result = binaries.run("local_cluster", "--", "--job_name=ps", timeout=120)
-    self.assertEqual(result.returncode, 2, result.stderr)
-    self.assertEqual(result.stderr.strip().splitlines()[-1],
-                     "local_cluster: error: --job_name is set by "
-                     "local_cluster (through TF_CONFIG); do not pass it")
-
-
-class _Lines(object):
-  """A thread-safe text sink with `write` and `flush`."""
-
-  def __init__(self):
-    self._parts = []
-    self._lock = threading.Lock()
-
-  def write(self, text):
-    with self._lock:
-      self._parts.append(text)
-
-  def flush(self):
-    pass
-
-  @property
-  def text(self):
-    with self._lock:
-      return "".join(self._parts)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ and restarted must lose no record, and feed no recorded example again.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -17,6 +18,7 @@ import tensorflow as tf
 import binaries
 from tf1_safe_train import cli
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import offline_replay
 from tf1_safe_train.trainer import replay_lib
 
 tf1 = tf.compat.v1
@@ -83,32 +85,39 @@ class ReplayBinaryTest(tf.test.TestCase):
     self.assertOneLineError(self._replay("--train_dir=" + self.input_dir,
                                          "--step=2"),
                             "no skip of step 2", "recorded: 1")
-    self.assertOneLineError(
-        self._replay("--train_dir=" + os.path.join(self.root, "nowhere"),
-                     "--step=1"), "no such directory")
-    self.assertOneLineError(self._replay("--train_dir=" + self.root,
-                                         "--step=1"), "no such file")
+    # Refused by the library call the binary makes, as the case above
+    # (replay.py prints a ReplayError as that one line, exit 2).
+    for train_dir, expected in (
+        (os.path.join(self.root, "nowhere"), "no such directory"),
+        (self.root, "no such file")):
+      with self.assertRaisesRegex(offline_replay.ReplayError, expected) as e:
+        offline_replay.replay_recorded(train_dir, 1)
+      self.assertNotIn("\n", str(e.exception))
     self.assertOneLineError(self._replay("--step=1"), "--train_dir")
     self.assertOneLineError(self._replay("--train_dir=" + self.input_dir,
                                          "--step=x"), "step")
 
+  def _copy(self, train_dir, name):
+    """A copy of a finished run of setUpClass, for a test to damage."""
+    copy = os.path.join(self.root, name)
+    shutil.copytree(train_dir, copy, symlinks=True)
+    return copy
+
   def testMissingSavedStateIsOneLine(self):
-    broken = os.path.join(self.root, "broken")
-    _train(broken, "--max_steps=2", "--inject_nonfinite=nan@1:0")
-    os.remove(os.path.join(broken, "skips", "step-1-1", "batch.npz"))
-    self.assertOneLineError(self._replay("--train_dir=" + broken, "--step=1"),
+    broken = self._copy(self.grads_dir, "broken")
+    (record,) = skip_log.read(skip_log.path(broken))
+    os.remove(os.path.join(broken, record["state_dir"], "batch.npz"))
+    self.assertOneLineError(self._replay("--train_dir=" + broken, "--step=2"),
                             "missing batch.npz")
 
-
   def testTrainingOnACorruptSkipLogIsOneLine(self):
-    corrupt = os.path.join(self.root, "corrupt")
-    _train(corrupt, "--max_steps=2", "--inject_nonfinite=nan@1:0")
+    corrupt = self._copy(self.grads_dir, "corrupt")
     log = skip_log.path(corrupt)
     with open(log) as f:
       kept = f.read()
     with open(log, "w") as f:
       f.write("not json\n" + kept)
-    result = binaries.run("train", "--train_dir=" + corrupt, "--max_steps=3",
+    result = binaries.run("train", "--train_dir=" + corrupt, "--max_steps=4",
                           *_TRAIN_FLAGS, timeout=300)
     self.assertEqual(result.returncode, cli.EXIT_BAD_INPUT, result.stderr)
     self.assertNotIn("Traceback", result.stderr)

@@ -2,10 +2,14 @@
 
 One test per case of issue 23 (items 6 and 7). A finished run with one
 explained skip (its `skips.jsonl` record and `skips/step-1-1/` state) is
-copied for each case, one file of the copy is damaged as an operator or an
-unlucky disk would, and `//:train`, `//:replay` or `//:eval` runs on it as
-a user would: exactly one error line, last, naming the file and the
-problem; exit code 2; no traceback.
+copied for each case, and one file of the copy is damaged as an operator or
+an unlucky disk would. Each case is read back as `//:train`, `//:replay` or
+`//:eval` read it: the library call the binary makes (`train_lib.train`,
+`offline_replay.replay_recorded`) refuses with the error class the binary
+turns into one line and exit 2, its message one line naming the file and
+the problem. `BinaryTest` runs the binaries themselves on a case of each
+kind (a record, a file that is not one, a saved state, eval's input): exactly
+one error line, last, exit code 2, no traceback.
 """
 
 import json
@@ -13,6 +17,7 @@ import os
 import shutil
 import tempfile
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -20,6 +25,7 @@ import binaries
 from tf1_safe_train import cli
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import checkpoint_rollback_window
+from tf1_safe_train.trainer import offline_replay
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import train_lib
 
@@ -29,20 +35,37 @@ _FLAGS = ["--num_towers=2", "--device=cpu", "--batch_size=2",
           "--save_summaries_steps=1000", "--log_every_n_steps=1000"]
 
 
+def _params(train_dir, max_steps):
+  """The params `//:train` makes of `_FLAGS` and these two flags."""
+  return params_lib.TrainParams(
+      train_dir=train_dir, num_towers=2, device="cpu", batch_size=2,
+      max_steps=max_steps, save_summaries_steps=1000,
+      log_every_n_steps=1000).validate()
+
+
+_FINISHED_RUN = []
+
+
+def _finished_run():
+  """(a root directory, the finished run in it), trained once per file."""
+  if not _FINISHED_RUN:
+    root = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
+    run_dir = os.path.join(root, "run")
+    train_lib.train(params_lib.TrainParams(
+        train_dir=run_dir, num_towers=2, device="cpu", batch_size=2,
+        max_steps=2, save_summaries_steps=1000, log_every_n_steps=1000,
+        inject_nonfinite="nan@1:0", inject_into="input").validate())
+    _FINISHED_RUN.extend([root, run_dir])
+  return tuple(_FINISHED_RUN)
+
+
 class _Case(tf.test.TestCase):
   """A copy of the finished run per test, and the one-line contract."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.root = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
-    cls.run_dir = os.path.join(cls.root, "run")
-    train_lib.train(params_lib.TrainParams(
-        train_dir=cls.run_dir, num_towers=2, device="cpu", batch_size=2,
-        max_steps=2, save_summaries_steps=1000, log_every_n_steps=1000,
-        inject_nonfinite="nan@1:0", inject_into="input").validate())
-    (record,) = skip_log.read(skip_log.path(cls.run_dir))
-    cls.state_dir = os.path.join(cls.run_dir, record["state_dir"])
+    cls.root, cls.run_dir = _finished_run()
 
   def setUp(self):
     super().setUp()
@@ -62,12 +85,31 @@ class _Case(tf.test.TestCase):
     for text in expected:
       self.assertIn(text, errors[0])
 
+  def assertRefusal(self, error, *expected):
+    """`error`, raised where the binary would print it, is one line."""
+    self.assertNotIn("\n", str(error))
+    for text in expected:
+      self.assertIn(text, str(error))
+
   def assertTrainRefuses(self, *expected):
+    # train.py turns a TrainDirError into "train: error: <it>", exit 2
+    # (BinaryTest); the run's files are read before a graph is built.
+    with self.assertRaises(train_lib.TrainDirError) as raised:
+      train_lib.train(_params(self.train_dir, max_steps=3))
+    self.assertRefusal(raised.exception, *expected)
+
+  def assertReplayRefuses(self, *expected):
+    # replay.py turns a ReplayError into "replay: error: <it>", exit 2.
+    with self.assertRaises(offline_replay.ReplayError) as raised:
+      offline_replay.replay_recorded(self.train_dir, 1)
+    self.assertRefusal(raised.exception, *expected)
+
+  def assertTrainBinaryRefuses(self, *expected):
     result = binaries.run("train", "--train_dir=" + self.train_dir,
                           "--max_steps=3", *_FLAGS, timeout=600)
     self.assertOneLine("train", result, *expected)
 
-  def assertReplayRefuses(self, *expected):
+  def assertReplayBinaryRefuses(self, *expected):
     result = binaries.run("replay", "--train_dir=" + self.train_dir,
                           "--step=1", timeout=600)
     self.assertOneLine("replay", result, *expected)
@@ -87,6 +129,33 @@ class _Case(tf.test.TestCase):
       os.makedirs(path)
     else:
       os.symlink(os.path.join(self.root, "nowhere", "x"), path)
+
+  def truncateBatch(self):
+    path = os.path.join(self.state, "batch.npz")
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)
+
+
+class BinaryTest(_Case):
+  """The binaries on a case of each kind: one line, last, exit 2."""
+
+  def testTrainOnABadRecord(self):
+    self.writeRecord(step=[5])
+    self.assertTrainBinaryRefuses("skips.jsonl line 2", "step is [5]")
+
+  def testTrainOnALockThatIsADirectory(self):
+    self.replaceWith(os.path.join(self.train_dir, "train.lock"), "directory")
+    self.assertTrainBinaryRefuses("train.lock is a directory")
+
+  def testReplayOnATruncatedBatch(self):
+    self.truncateBatch()
+    self.assertReplayBinaryRefuses("batch.npz: damaged")
+
+  def testEvalBatchLargerThanTheTestSplit(self):
+    result = binaries.run("eval", "--train_dir=" + self.train_dir,
+                          "--batch_size=5000", timeout=600)
+    self.assertOneLine("eval", result, "--batch_size=5000",
+                       "2000 examples of the synthetic test split")
 
 
 class SkipLogRecordsTest(_Case):
@@ -122,7 +191,7 @@ class SkipLogRecordsTest(_Case):
     with open(self.log, "w") as f:  # The explained record, edited.
       f.write(json.dumps(dict(self.record, replay="x")) + "\n")
     self.assertTrainRefuses("skips.jsonl line 1", 'replay is "x"')
-    self.assertReplayRefuses("skips.jsonl line 1", 'replay is "x"')
+    self.assertReplayBinaryRefuses("skips.jsonl line 1", 'replay is "x"')
 
 
 class NotAFileTest(_Case):
@@ -169,9 +238,7 @@ class SavedStateTest(_Case):
   """A skip's saved state, read back by //:replay."""
 
   def testTruncatedBatch(self):
-    path = os.path.join(self.state, "batch.npz")
-    with open(path, "r+b") as f:
-      f.truncate(os.path.getsize(path) // 2)
+    self.truncateBatch()
     self.assertReplayRefuses("batch.npz: damaged")
 
   def testGarbageParams(self):
@@ -188,15 +255,6 @@ class SavedStateTest(_Case):
       json.dump(saved, f)
     self.assertReplayRefuses("batch.npz holds 2 tower(s)' batches",
                              "num_towers=3")
-
-
-class EvalInputTest(_Case):
-
-  def testBatchLargerThanTheTestSplit(self):
-    result = binaries.run("eval", "--train_dir=" + self.train_dir,
-                          "--batch_size=5000", timeout=600)
-    self.assertOneLine("eval", result, "--batch_size=5000",
-                       "2000 examples of the synthetic test split")
 
 
 class ExtremeExclusionTest(_Case):
@@ -217,11 +275,11 @@ class ExtremeExclusionTest(_Case):
 
   def testUnknownIdsAreReportedNotExcluded(self):
     self._exclude([-1, 10000, 123456789])
-    result = binaries.run("train", "--train_dir=" + self.train_dir,
-                          "--max_steps=3", *_FLAGS, timeout=600)
-    self.assertEqual(result.returncode, 0, result.stderr)
+    with self.assertLogs(logging.get_absl_logger(), "INFO") as logs:
+      summary = train_lib.train(_params(self.train_dir, max_steps=3))
+    self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertIn("3 unknown example ids ignored (not in the data, e.g. -1, "
-                  "10000, 123456789)", result.stderr)
+                  "10000, 123456789)", "\n".join(logs.output))
     with open(os.path.join(self.train_dir, "run_summary.json")) as f:
       excluded = json.load(f)["forensics"]["excluded_examples"]
     self.assertEqual(excluded["unknown"], 3)

@@ -12,11 +12,11 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 
 import tensorflow as tf
 
+import forked_python
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import params as params_lib
@@ -93,11 +93,26 @@ def _flags_tables(text):
       r"<!-- flags-table: (\w+) -->\n(.*?)<!-- /flags-table -->", text, re.S))
 
 
+_SERVER = []
+
+
 def _run(code, cwd):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=os.pathsep.join(sys.path))
-  return subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, env=env, timeout=300, check=False, cwd=cwd)
+  """Runs `code` as `python -c` would, in a process of its own.
+
+  The process is forked from one that imported TensorFlow once
+  (forked_python), not started anew: a fresh `__main__`, no state of
+  another block's.
+  """
+  if not _SERVER:
+    _SERVER.append(forked_python.Server(dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join(sys.path))))
+  return _SERVER[0].run(code, cwd, timeout=300)
+
+
+def tearDownModule():
+  for server in _SERVER:
+    server.close()
 
 
 class ReadmeTest(tf.test.TestCase):

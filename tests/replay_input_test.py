@@ -4,8 +4,7 @@ A skip's replay feeds the batch the batch store kept; it must never pull a
 batch through the training iterator, or the run silently loses that batch
 (no step trains on it, no record names it). Checked two ways: a replay's
 RunMetadata trace runs no `IteratorGetNext`, and a run whose every other
-step is a replayed skip is fed each example of the synthetic epoch exactly
-once.
+step is a replayed skip is fed each example of an epoch exactly once.
 """
 
 import os
@@ -70,9 +69,15 @@ class ReplayInputTest(tf.test.TestCase):
           self.assertEqual([n for n in ran if "IteratorGetNext" in n], [])
 
   def testEveryExampleOfAnEpochIsFedOnceWithReplays(self):
-    batch_size = 1000
-    epoch = data.num_examples("synthetic", "train")
-    steps = epoch // batch_size
+    # An epoch of 200 examples (the synthetic test split's first, with their
+    # ids), repeated: ten steps of 20 read it once, whatever the replays.
+    batch_size, steps = 20, 10
+    epoch = batch_size * steps
+
+    def dataset_fn(unused_batch_size, unused_seed):
+      return data.get_dataset("synthetic", "test", batch_size,
+                              with_ids=True).take(steps).repeat()
+
     skipped = list(range(1, steps, 2))  # Every other step, each replayed.
     fed = _FedIds()
     summary = train_lib.train(params_lib.TrainParams(
@@ -81,13 +86,13 @@ class ReplayInputTest(tf.test.TestCase):
         inject_nonfinite=",".join("nan@%d" % s for s in skipped),
         max_explained_skips=len(skipped), max_consecutive_skips=0,
         save_checkpoints_steps=1000, save_summaries_steps=1000,
-        log_every_n_steps=1000).validate(), extra_hooks=[fed])
+        log_every_n_steps=1000).validate(), extra_hooks=[fed],
+                              dataset_fn=dataset_fn)
     self.assertEqual(summary["forensics"]["explained_skips"], len(skipped))
     self.assertEqual(summary["skipped_steps"], len(skipped))
     ids = [i for step in fed.steps for i in step]
     self.assertLen(fed.steps, steps)
     self.assertEqual(sorted(ids), list(range(epoch)))
-
 
 if __name__ == "__main__":
   tf.test.main()
