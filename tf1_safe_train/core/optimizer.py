@@ -78,6 +78,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                strict=False,
                skip_spikes=None,
                check_runs=True,
+               tower_unit=None,
                name="SkipNonFinite"):
     """Creates the wrapper.
 
@@ -102,6 +103,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         of each distinct set of fetches that executes a step of this
         wrapper is checked, whoever runs it (`run_check`); later runs of
         the same fetches pay one dict lookup. False: no such check.
+      tower_unit: for the trainer's --skip_unit=tower only: the
+        `guard.guarded_apply(tower_unit=...)` of its step.
       name: name scope of the decision ops.
 
     Raises:
@@ -126,6 +129,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._loss_scale = loss_scale
     self._strict = strict
     self._check_runs = check_runs
+    self._tower_unit = tower_unit
     self._spike_config = (None if skip_spikes is None
                           else spikes_lib.SpikeConfig.of(skip_spikes))
     # Losses given to compute_gradients since the last apply_gradients.
@@ -258,7 +262,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
         branch_ops=[self._loss_scale] if self._loss_scale else [],
-        spikes=detector, loss=loss,
+        spikes=detector, loss=loss, tower_unit=self._tower_unit,
         name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._note_own_variables(known)

@@ -100,6 +100,10 @@ class ForensicsHook(core_hooks.GatedHook):
       self._fetches["scale"] = step.loss_scale_before
     if step.spikes is not None:
       self._fetches["spikes"] = spikes.fetches(step.spikes)
+    if step.tower_unit is not None:
+      # --skip_unit=tower: an applied step may leave towers out
+      # (`report.tower_flags`); each such step is recorded like a skip.
+      self._fetches["left_out"] = step.tower_unit.degraded
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -116,10 +120,13 @@ class ForensicsHook(core_hooks.GatedHook):
     self.model_fault = None  # The model verdict's step that stopped the run.
 
   def after_run(self, run_context, run_values):
-    if not self._fetched or run_values.results["applied"]:
+    if not self._fetched:
+      return
+    results = run_values.results
+    left_out = bool(results["applied"]) and bool(results.get("left_out"))
+    if results["applied"] and not left_out:
       return
     started = time.time()
-    results = run_values.results
     session = run_context.session
     step = int(results["step"])
     batches = [self._forensics.store.read(session, t)
@@ -128,6 +135,10 @@ class ForensicsHook(core_hooks.GatedHook):
     record = {"step": step, "worker": self._worker, "time": time.time(),
               "reason": "nonfinite",
               "towers": self._towers(results, flags, batches)}
+    if left_out:
+      # The step was applied without these towers: the replay runs on the
+      # weights after it (a skip's replay sees the weights the step saw).
+      record.update(unit="tower", weights="after the step")
     scale = float(results["scale"]) if "scale" in results else None
     if scale is not None:
       record["loss_scale"] = scale

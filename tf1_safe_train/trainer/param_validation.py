@@ -19,6 +19,7 @@ LR_SCHEDULES = ("constant", "piecewise", "cosine")
 LR_STEPS = ("applied_steps", "global_step")
 INJECT_INTO = ("grads", "loss", "input")
 ON_PERSISTENT_SKIPS = ("stop", "rollback")
+SKIP_UNITS = ("step", "tower")
 
 
 class ParamsError(ValueError):
@@ -101,6 +102,15 @@ def _check_spikes(params):
          "chief decides on the aggregate gradients and sees no loss)")
 
 
+def _check_skip_unit(params):
+  _check_one_of("skip_unit", params.skip_unit, SKIP_UNITS)
+  _check(checks.is_int(params.min_healthy_towers) and
+         0 <= params.min_healthy_towers <= params.num_towers,
+         "--min_healthy_towers=%r: must be an integer in [0, --num_towers=%d] "
+         "(0 = half the towers, rounded up)", params.min_healthy_towers,
+         params.num_towers)
+
+
 def check_train(params):
   """Checks every field of a `TrainParams`; raises ParamsError naming one."""
   _check_model_and_data(params, "data_batch_*.bin")
@@ -132,6 +142,7 @@ def check_train(params):
          "give up)", params.max_consecutive_skips)
   _check_rollback(params)
   _check_spikes(params)
+  _check_skip_unit(params)
   for name in ("save_checkpoints_steps", "save_summaries_steps",
                "log_every_n_steps"):
     value = getattr(params, name)

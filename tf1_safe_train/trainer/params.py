@@ -21,6 +21,7 @@ LR_SCHEDULES = param_validation.LR_SCHEDULES
 LR_STEPS = param_validation.LR_STEPS
 INJECT_INTO = param_validation.INJECT_INTO
 ON_PERSISTENT_SKIPS = param_validation.ON_PERSISTENT_SKIPS
+SKIP_UNITS = param_validation.SKIP_UNITS
 ParamsError = param_validation.ParamsError
 
 _param = flag_specs.param
@@ -100,6 +101,13 @@ class TrainParams(object):
   skip_loss_spikes: bool = _param(
       False, "--skip_spikes_sigma: also skip a step whose loss is a spike "
       "(not with --sync_replicas: the chief sees no loss).")
+  skip_unit: str = _param(
+      "step", "What a non-finite tower costs: step (the whole step is "
+      "skipped) or tower (that tower is left out and the others' average "
+      "applied, see docs/trainer.md; one machine only).", SKIP_UNITS)
+  min_healthy_towers: int = _param(
+      0, "--skip_unit=tower: skip the whole step when fewer towers than "
+      "this are healthy; 0 = half the towers, rounded up.")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(

@@ -26,6 +26,8 @@ from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import stop_signals
+from tf1_safe_train.trainer import tower_report
+from tf1_safe_train.trainer import tower_unit
 from tf1_safe_train.trainer import train_dir as train_dir_lib
 from tf1_safe_train.trainer import train_step
 
@@ -62,6 +64,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
   strategy = strategy or replication.make(params, cluster)
   if strategy.in_cluster and recovery.refusal_in_cluster(params):
     raise params_lib.ParamsError(recovery.refusal_in_cluster(params))
+  if strategy.in_cluster and tower_unit.refusal_in_cluster(params):
+    raise params_lib.ParamsError(tower_unit.refusal_in_cluster(params))
   is_chief = strategy.is_chief
   if is_chief:
     train_dir_lib.check(params.train_dir)
@@ -138,6 +142,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
             loss_scale=step.loss_scale_before, spikes=step.spikes),
+        *([tower_report.LeftOutHook(step)] if step.tower_unit else []),
         give_up, on_signal, stats,
         *strategy.step_hooks(),
         state_hook,

@@ -39,6 +39,7 @@ from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_input
+from tf1_safe_train.trainer import tower_unit as tower_unit_lib
 from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
@@ -46,7 +47,7 @@ tf1 = tf.compat.v1
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "report", "totals", "loss_scale", "loss_scale_before", "variables",
-    "spikes", "forensics"])
+    "spikes", "forensics", "tower_unit"], defaults=(None,))
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -68,6 +69,8 @@ Attributes:
     (None with sync replicas: the chief decides), else None.
   forensics: `replay_lib.Forensics` (batch store, per-tower probes), what
     explains a skip after the step.
+  tower_unit: with --skip_unit=tower, the step's `tower_unit.TowerUnit`
+    (which towers it left out), else None.
 """
 
 SkipReport = collections.namedtuple("SkipReport", [
@@ -206,11 +209,15 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
     return loss, grads_and_vars, flag
 
   outputs = towers.build_towers(config, tower_fn)
-  grads_and_vars = towers.average_gradients([gv for _, gv, _ in outputs])
+  unit = tower_unit_lib.of_towers(params, outputs, config.variables_device())
+  grads_and_vars = (unit.average_gradients() if unit else
+                    towers.average_gradients([gv for _, gv, _ in outputs]))
   # Like model_deploy: batch-norm statistics come from the first tower.
   statistics, update_ops = strategy.statistics(tf1.get_collection(
       tf1.GraphKeys.UPDATE_OPS, config.tower_scope(0)))
-  if num_towers > 1:
+  if unit:
+    tower_nonfinite = unit.left_out  # Its loss too.
+  elif num_towers > 1:
     tower_nonfinite = tf.stack([flag for _, _, flag in outputs])
     if statistics:
       tower_nonfinite = _or_tower0(
@@ -230,9 +237,10 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       # The trainer builds the whole step itself and checks it by its
       # tests: no first-run check (`run_check`), which would cost a dict
       # lookup per run and name its own counters' writes.
-      check_runs=False)
+      check_runs=False, tower_unit=unit)
   with tf1.device(config.variables_device()):
-    loss = tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers)
+    loss = unit.loss if unit else (
+        tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers))
     pairs = list(grads_and_vars) + statistics
     # (Loss spikes are refused with sync replicas, whose apply has no loss.)
     kwargs = dict(loss=loss) if params.skip_loss_spikes else {}
@@ -256,7 +264,10 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
           tf1.assign(max_seen, tf.maximum(
               max_seen.read_value(), counters.consecutive_skips.read_value())),
       ]
-    keep = tower_inputs.keep_if_applied(result.applied, step_index)
+    # A left-out tower 0's batch is no control batch (`batch_store`).
+    keep = tower_inputs.keep_if_applied(
+        tf.logical_and(result.applied, unit.keep_updates) if unit
+        else result.applied, step_index)
     train_op = tf.group(step_op, keep, *totals, name="train_op")
     after = counters_lib.read_after(counters, train_op)
     with tf1.control_dependencies([train_op]):
@@ -266,6 +277,9 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
           "nonfinite_steps_by_tower": tf.identity(
               nonfinite_by_tower.read_value()),
           "max_consecutive_skips_seen": tf.identity(max_seen.read_value())}
+      if unit:
+        totals[tower_unit_lib.REJECTED] = tf.identity(
+            unit.rejected.read_value())
       if params.skip_spikes_sigma:
         # The variables, not the decision's report: a sync worker reads
         # the chief's counts too.
@@ -284,6 +298,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
                  "max_consecutive_skips_seen": max_seen},
       spikes=result.spikes,
       forensics=replay_lib.Forensics(tower_inputs.store, probes,
-                                     scale))
+                                     scale),
+      tower_unit=unit)
   step_summaries.add(step)
   return step
