@@ -2,10 +2,12 @@
 
 Short trainings of the trainer on synthetic data, one tower of four
 poisoned with probability p per step (`--inject_nonfinite=nan%p:3`), with
-`--skip_unit=step` and `--skip_unit=tower`: examples applied (deterministic
-for a seed), per second of wall and CPU time (noisy on a shared machine),
-test precision@1; and the executed nodes of one good step in each mode
-(deterministic: what the tower unit adds per step). `markdown` makes the
+`--skip_unit=step`, `--skip_unit=tower`, and `tower` with
+`--quarantine_after=2`: examples applied (deterministic for a seed), per
+second of wall and CPU time (noisy on a shared machine), test precision@1;
+and the executed nodes of one good step in each mode (deterministic: what
+the tower unit adds per step; with quarantine, of the step rebuilt without
+the flaky tower). `markdown` makes the
 docs' table.
 """
 
@@ -28,7 +30,8 @@ from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 
-UNITS = ("step", "tower")
+UNITS = ("step", "tower", "tower+quarantine")
+QUARANTINE_AFTER = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +73,11 @@ def _params(config, unit, train_dir):
   return params_lib.TrainParams(
       train_dir=train_dir, num_towers=config.num_towers, device="cpu",
       batch_size=config.batch_size, max_steps=config.max_steps,
-      seed=config.seed, inject_nonfinite=config.drill(), skip_unit=unit,
-      # Training throughput only: no replays in either mode.
+      seed=config.seed, inject_nonfinite=config.drill(),
+      skip_unit=unit.split("+")[0],
+      quarantine_after=QUARANTINE_AFTER if "quarantine" in unit else 0,
+      # Training throughput only: no replays (but quarantine's, at most
+      # QUARANTINE_AFTER for the flaky tower).
       max_explained_skips=0, max_consecutive_skips=0,
       save_checkpoints_steps=config.max_steps,
       save_summaries_steps=config.max_steps,
@@ -85,8 +91,11 @@ def _one_run(config, unit, root):
   summary = train_lib.train(params)
   wall, cpu = time.time() - wall, _cpu_seconds() - cpu
   rejected = sum(summary.get("rejected_by_tower", []))
-  applied = (summary["applied_steps"] * config.num_towers - rejected
-             ) * config.batch_size
+  # After a quarantine the last segment (steps_this_run, no skips here)
+  # applied one tower fewer per step.
+  applied = (summary["applied_steps"] * config.num_towers - rejected -
+             len(summary.get("quarantined_towers", ())) *
+             summary["steps_this_run"]) * config.batch_size
   evaluation = eval_lib.evaluate(params_lib.EvalParams(
       train_dir=train_dir, max_examples=config.eval_examples))
   return {"unit": unit, "applied_steps": summary["applied_steps"],
@@ -110,7 +119,9 @@ def good_step_nodes(config, unit):
                                  inject_nonfinite="")
     with tf.Graph().as_default():
       strategy = replication.Local(params)
-      step = train_step.build_step(params, strategy)
+      step = train_step.build_step(
+          params, strategy, quarantined=(config.flaky_tower,)
+          if params.quarantine_after else ())
       config_proto = towers.session_config(strategy.tower_config)
       with tf1.Session(config=config_proto) as sess:
         sess.run([tf1.global_variables_initializer(),

@@ -10,8 +10,14 @@ class TowerUnitBenchTest(tf.test.TestCase):
   def testQuickRunAppliesMoreExamplesInTowerMode(self):
     results = tower_unit_lib.run(tower_unit_lib.quick_config(),
                                  log_fn=lambda _: None)
-    step, tower = results["runs"]
-    self.assertEqual(("step", "tower"), (step["unit"], tower["unit"]))
+    step, tower, quarantine = results["runs"]
+    self.assertEqual(("step", "tower", "tower+quarantine"),
+                     (step["unit"], tower["unit"], quarantine["unit"]))
+    # Quarantined after its second fault: never left out again.
+    self.assertEqual((0, 2), (quarantine["skipped_steps"],
+                              quarantine["rejected_towers"]))
+    self.assertLess(quarantine["nodes_per_good_step"],
+                    step["nodes_per_good_step"])
     # The same drill: every step skipped in step mode is applied with
     # three towers of four in tower mode.
     self.assertGreater(step["skipped_steps"], 0)
@@ -21,7 +27,7 @@ class TowerUnitBenchTest(tf.test.TestCase):
     self.assertGreater(tower["nodes_per_good_step"],
                        step["nodes_per_good_step"])
     table = tower_unit_lib.markdown(results)
-    self.assertLen(table.splitlines(), 4)
+    self.assertLen(table.splitlines(), 5)
     self.assertIn("| tower | 20 | 0 |", table)
 
   def testBadConfigIsRefused(self):

@@ -76,7 +76,8 @@ class ForensicsHook(core_hooks.GatedHook):
   """Records, replays and classifies every skipped step of this worker."""
 
   def __init__(self, step, params, worker=0, max_explained=10,
-               summary_dir=None, describe_id=str, on_model=None):
+               summary_dir=None, describe_id=str, on_model=None,
+               quarantine=None):
     """Creates the hook.
 
     Args:
@@ -89,13 +90,16 @@ class ForensicsHook(core_hooks.GatedHook):
       on_model: `on_model(run_context, step)`, called after the record of a
         "the model, not the data" verdict (e.g. stop or roll back now);
         True if it stopped the run (`model_fault` is then the step).
+      quarantine: optional `quarantine.Quarantine`: told of each fault
+        that did not reproduce, and may replay past `max_explained`.
     """
     self._forensics = step.forensics
     report = step.report
     self._fetches = {"step": step.step_index, "applied": step.applied,
                      "towers": report.tower_flags,
                      "average": report.average_flags,
-                     "losses": [t.loss for t in self._forensics.towers]}
+                     "losses": {i: t.loss for i, t in enumerate(self._forensics.towers)
+                               if t is not None}}
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
     if step.spikes is not None:
@@ -117,6 +121,7 @@ class ForensicsHook(core_hooks.GatedHook):
     self.verdicts = collections.Counter()
     self.suspect_devices = collections.Counter()
     self._on_model = on_model
+    self._quarantine = quarantine
     self.model_fault = None  # The model verdict's step that stopped the run.
 
   def after_run(self, run_context, run_values):
@@ -163,7 +168,8 @@ class ForensicsHook(core_hooks.GatedHook):
       # E.g. sync replicas: another worker's gradients were non-finite.
       record["verdict"] = "no tower of this worker was non-finite"
       text = "step %d: %s" % (step, record["verdict"])
-    elif self.explained >= self._max_explained:
+    elif self.explained >= self._max_explained and not (
+        self._quarantine and self._quarantine.wants_replay(offending[0])):
       record["verdict"] = NOT_EXPLAINED
       text = "step %d tower %d: %s" % (step, offending[0], NOT_EXPLAINED)
     else:
@@ -192,6 +198,8 @@ class ForensicsHook(core_hooks.GatedHook):
       self.verdicts[verdict_key(explained)] += 1
       if explained["suspect_device"]:
         self.suspect_devices[explained["suspect_device"]] += 1
+        if self._quarantine:
+          self._quarantine.on_suspect(run_context, offending[0])
       text = replay_lib.line(step, explained)
     record["seconds"] = round(time.time() - started, 4)
     # Before the checkpoint saver's after_run: see the module doc.
@@ -223,7 +231,8 @@ class ForensicsHook(core_hooks.GatedHook):
              "example_ids": [int(i) for i in ids],
              "batch_hash": batch_store.batch_hash(images, labels),
              "variables": variables if flags[t] else []}
-            for t, (images, labels, ids) in enumerate(batches)]
+            for t, (images, labels, ids) in enumerate(batches)
+            if self._forensics.towers[t] is not None]  # Not quarantined.
 
   def _save_state(self, session, step, batches, scale):
     """Saves the state the step saw (exact: a skip moves nothing)."""

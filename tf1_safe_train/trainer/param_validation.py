@@ -109,6 +109,15 @@ def _check_skip_unit(params):
          "--min_healthy_towers=%r: must be an integer in [0, --num_towers=%d] "
          "(0 = half the towers, rounded up)", params.min_healthy_towers,
          params.num_towers)
+  _check(checks.is_int(params.quarantine_after) and
+         params.quarantine_after >= 0,
+         "--quarantine_after=%r: must be an integer >= 0 (0 = off)",
+         params.quarantine_after)
+  _check(not params.quarantine_after or params.skip_unit == "tower",
+         "--quarantine_after needs --skip_unit=tower (a quarantined tower is "
+         "left out of every step)")
+  _check(isinstance(params.clear_quarantine, bool),
+         "--clear_quarantine=%r: must be a boolean", params.clear_quarantine)
 
 
 def check_train(params):

@@ -108,6 +108,12 @@ class TrainParams(object):
   min_healthy_towers: int = _param(
       0, "--skip_unit=tower: skip the whole step when fewer towers than "
       "this are healthy; 0 = half the towers, rounded up.")
+  quarantine_after: int = _param(
+      0, "--skip_unit=tower: quarantine a tower after this many faults that "
+      "did not reproduce on replay (a suspect device): the rest of the run, "
+      "restarts included, is built without it; 0 = off.")
+  clear_quarantine: bool = _param(
+      False, "Start with no tower quarantined and the fault counts at zero.")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(

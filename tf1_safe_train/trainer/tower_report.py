@@ -11,8 +11,12 @@ import numpy as np
 from tf1_safe_train.core import hooks as core_hooks
 
 
-def describe(step, grad_flags, loss_flags, devices, scale=None):
+def describe(step, grad_flags, loss_flags, devices, scale=None,
+             num_active=None):
   """The line of an applied step that left out towers, or None if none.
+
+  `num_active`: the towers built (default: every one; the others are
+  quarantined).
 
   e.g. "step 78: tower 1 (/device:CPU:1) left out: non-finite gradients;
   applied 3 of 4 towers".
@@ -27,8 +31,9 @@ def describe(step, grad_flags, loss_flags, devices, scale=None):
     if grad_flags[t] and loss_flags[t]:
       why = "non-finite loss and gradients"
     parts.append("tower %d (%s) left out: %s" % (t, devices[t], why))
+  active = num_active or len(devices)
   line = "step %d: %s; applied %d of %d towers" % (
-      step, "; ".join(parts), len(devices) - len(left), len(devices))
+      step, "; ".join(parts), active - len(left), active)
   if scale is not None:
     line += ("; loss scale %s halves (as on an overflow)"
              % core_hooks.format_scale(scale))
@@ -50,6 +55,7 @@ class LeftOutHook(core_hooks.GatedHook):
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
     self._devices = list(step.report.tower_devices)
+    self._num_active = unit.num_active
     self.last_line = None
 
   def after_run(self, run_context, run_values):
@@ -60,7 +66,7 @@ class LeftOutHook(core_hooks.GatedHook):
       return  # The skip report says it.
     line = describe(int(results["step"]), np.reshape(results["grads"], [-1]),
                     np.reshape(results["loss"], [-1]), self._devices,
-                    results.get("scale"))
+                    results.get("scale"), self._num_active)
     if line:
       self.last_line = line
       logging.warning("%s", line)

@@ -48,7 +48,7 @@ class TowerUnit(object):
   """
 
   def __init__(self, losses, tower_grads_and_vars, grad_flags, min_healthy_,
-               variables_device):
+               variables_device, indices=None, num_towers=None):
     """Builds the towers' verdicts.
 
     Args:
@@ -58,20 +58,29 @@ class TowerUnit(object):
         non-finite (`nonfinite.any_nonfinite`, the tower's fused check).
       min_healthy_: fewer healthy towers than this skip the step (>= 1).
       variables_device: where the counters live.
+      indices: the towers' indices (default 0..); others are quarantined
+        (never built; their flags read False).
+      num_towers: every tower, built or not (default: len(losses)).
     """
-    self.num_towers = len(losses)
+    self.indices = list(indices or range(len(losses)))
+    self.num_towers = num_towers or len(losses)
+    self.num_active = len(losses)
     self.tower_grads_and_vars = [list(gv) for gv in tower_grads_and_vars]
     with tf1.name_scope("tower_unit"):
-      self.grad_flags = tf.stack(grad_flags)
-      self.loss_flags = tf.logical_not(tf.math.is_finite(tf.stack(losses)))
+      loss_flags = tf.logical_not(tf.math.is_finite(tf.stack(losses)))
+      left_out = tf.logical_or(tf.stack(grad_flags), loss_flags)
+      healthy = tf.logical_not(left_out)
+      self._healthy = tf.unstack(healthy)
+      self.grad_flags = self._every_tower(grad_flags)
+      self.loss_flags = self._every_tower(tf.unstack(loss_flags))
       self.left_out = tf.logical_or(self.grad_flags, self.loss_flags,
                                     name="left_out")
-      healthy = tf.logical_not(self.left_out)
-      self._healthy = tf.unstack(healthy)
       self.num_healthy = tf.reduce_sum(tf.cast(healthy, tf.int32))
       self.skip = tf.less(self.num_healthy, min_healthy_, name="too_few")
+      # The statistics are the first built tower's (tower 0's unless
+      # quarantined).
       self.keep_updates = self._healthy[0]
-      self.degraded = tf.reduce_any(self.left_out)
+      self.degraded = tf.reduce_any(left_out)
       # The healthy towers' mean loss (all towers' when none is healthy).
       kept = [tf.where(h, l, tf.zeros_like(l))
               for h, l in zip(self._healthy, losses)]
@@ -88,6 +97,14 @@ class TowerUnit(object):
       self.rejected = tf1.Variable(
           tf.zeros([self.num_towers], tf.int64), trainable=False, name=REJECTED,
           collections=[tf1.GraphKeys.GLOBAL_VARIABLES, spikes.OPTIONAL_STATE])
+
+  def _every_tower(self, flags):
+    """[num_towers] of the built towers' `flags`, False for the others."""
+    if self.num_active == self.num_towers:
+      return tf.stack(flags)
+    by_index = dict(zip(self.indices, flags))
+    return tf.stack([by_index.get(t, tf.constant(False))
+                     for t in range(self.num_towers)])
 
   @property
   def variables(self):
@@ -141,18 +158,20 @@ def _select(healthy, tensor):
   return tf.where(healthy, tensor, tf.zeros([], tensor.dtype.base_dtype))
 
 
-def of_towers(params, outputs, variables_device):
+def of_towers(params, outputs, variables_device, indices=None):
   """The step's `TowerUnit` with --skip_unit=tower and several towers, else
   None (one tower: leaving it out is skipping the step).
 
   Args:
     params: the run's `params.TrainParams`.
-    outputs: each tower's (loss, grads_and_vars, fused non-finite flag).
+    outputs: each built tower's (loss, grads_and_vars, fused non-finite
+      flag).
     variables_device: where the counters live.
+    indices: the built towers' indices (default: all).
   """
-  if params.skip_unit != "tower" or len(outputs) < 2:
+  if params.skip_unit != "tower" or params.num_towers < 2:
     return None
   return TowerUnit([l for l, _, _ in outputs], [gv for _, gv, _ in outputs],
                    [f for _, _, f in outputs],
-                   min_healthy(params.min_healthy_towers, len(outputs)),
-                   variables_device)
+                   min_healthy(params.min_healthy_towers, params.num_towers),
+                   variables_device, indices, params.num_towers)

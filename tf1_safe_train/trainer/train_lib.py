@@ -23,6 +23,7 @@ from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import hooks as hooks_lib
 from tf1_safe_train.trainer import last_good
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import quarantine as quarantine_lib
 from tf1_safe_train.trainer import recovery
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import stop_signals
@@ -60,6 +61,19 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
       (`ClusterUnreachableError`) a ps does not answer within
       `params.startup_timeout_secs`.
   """
+  clear = params.clear_quarantine
+  while True:
+    # A tower quarantined ends a segment: the step is rebuilt without it,
+    # from the checkpoint the segment's end saved (`quarantine`).
+    summary, restart = _train(params, cluster, extra_hooks, dataset_fn,
+                              strategy, clear)
+    if not restart:
+      return summary
+    clear = False
+
+
+def _train(params, cluster, extra_hooks, dataset_fn, strategy, clear):
+  """`train`'s one segment: (run summary, restart: a tower quarantined)."""
   params.validate()
   strategy = strategy or replication.make(params, cluster)
   if strategy.in_cluster and recovery.refusal_in_cluster(params):
@@ -78,12 +92,19 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
   line = exclusion.describe(excluded)
   if line:
     logging.info(line)
+  quarantine = (quarantine_lib.Quarantine(
+      params, strategy.tower_devices(), max(2, tower_unit.min_healthy(
+          params.min_healthy_towers, params.num_towers)), clear)
+                if params.quarantine_after else None)
   with tf.Graph().as_default(), contextlib.ExitStack() as owned:
     tf1.set_random_seed(params.seed)
     with strategy.device():
-      step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
-                                   exclude_ids=exclude_ids)
+      step = train_step.build_step(
+          params, strategy, dataset_fn=dataset_fn, exclude_ids=exclude_ids,
+          quarantined=quarantine.quarantined if quarantine else ())
       strategy.after_build(step)
+      if quarantine:
+        quarantine.build(strategy.tower_config.variables_device())
     explain = forensics.ForensicsHook(
         step, params, strategy.worker_index, params.max_explained_skips,
         summary_dir=params.train_dir if is_chief else None,
@@ -94,7 +115,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         # made below, before the session runs.)
         on_model=None if strategy.in_cluster else (
             lambda context, at: recovery.act_on_model_fault(
-                give_up, context, at)))
+                give_up, context, at)),
+        quarantine=quarantine)
     examples_per_step = params.batch_size * strategy.tower_config.num_towers
     first_step_time = None
     stats = hooks_lib.RunStatsHook(dict(
@@ -116,6 +138,8 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
       summary["forensics"] = dict(explain.summary(),
                                   excluded_examples=excluded,
                                   **forensics.totals(params.train_dir))
+      if quarantine:  # The towers this segment's step was built without.
+        summary["quarantined_towers"] = list(quarantine.quarantined)
       return summary
 
     on_signal = stop_signals.StopOnSignalHook(
@@ -146,6 +170,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
         give_up, on_signal, stats,
         *strategy.step_hooks(),
         state_hook,
+        *([quarantine.hook()] if quarantine else []),
         *extra_hooks]
     resume = None
     if is_chief:
@@ -185,7 +210,7 @@ def train(params, cluster=None, extra_hooks=(), dataset_fn=None,
     summary = full_summary()
     if is_chief:  # Under the lock, as every write of the run.
       run_summary.write(params.train_dir, summary)
-  return summary
+  return summary, bool(quarantine and quarantine.restart)
 
 
 def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,

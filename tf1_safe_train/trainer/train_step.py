@@ -138,7 +138,8 @@ def _spike_config(params):
       params.spike_max_streak, params.skip_loss_spikes)
 
 
-def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
+def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
+               quarantined=()):
   """Builds the training step in the default graph.
 
   Args:
@@ -150,6 +151,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       batch. Default: `data.get_dataset(params.dataset, "train", ...)`.
       Batches may carry example ids as a third element (`data.with_ids`).
     exclude_ids: example ids the input never yields (`exclusion`).
+    quarantined: indices of towers not built (`quarantine`; only with
+      --skip_unit=tower): no node of theirs runs, no input is read.
 
   Returns:
     A `Step`.
@@ -189,7 +192,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
   tower_inputs = tower_input.TowerInput(params, strategy.worker_index,
                                         num_towers, dataset_fn, exclude_ids)
   devices = strategy.tower_devices()
-  probes = []
+  probes = {}
 
   def tower_fn(i):
     tower_drill = drill.tower(step_index, i, strategy.worker_index)
@@ -197,8 +200,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
     loss, grads_and_vars = tower_loss_and_grads(
         params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
         scale)
-    probes.append(replay_lib.tower_probe(i, devices[i], images, labels, loss,
-                                         grads_and_vars, tower_drill))
+    probes[i] = replay_lib.tower_probe(i, devices[i], images, labels, loss,
+                                       grads_and_vars, tower_drill)
     # Good steps pay for the decision only: the averaged gradients' checks
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
@@ -208,13 +211,15 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
             if num_towers > 1 else None)
     return loss, grads_and_vars, flag
 
-  outputs = towers.build_towers(config, tower_fn)
-  unit = tower_unit_lib.of_towers(params, outputs, config.variables_device())
+  outputs = towers.build_towers(config, tower_fn, skip=quarantined)
+  built = sorted(probes)
+  unit = tower_unit_lib.of_towers(params, outputs, config.variables_device(),
+                                  built)
   grads_and_vars = (unit.average_gradients() if unit else
                     towers.average_gradients([gv for _, gv, _ in outputs]))
   # Like model_deploy: batch-norm statistics come from the first tower.
   statistics, update_ops = strategy.statistics(tf1.get_collection(
-      tf1.GraphKeys.UPDATE_OPS, config.tower_scope(0)))
+      tf1.GraphKeys.UPDATE_OPS, config.tower_scope(built[0])))
   if unit:
     tower_nonfinite = unit.left_out  # Its loss too.
   elif num_towers > 1:
@@ -240,7 +245,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
       check_runs=False, tower_unit=unit)
   with tf1.device(config.variables_device()):
     loss = unit.loss if unit else (
-        tf.add_n([loss for loss, _, _ in outputs]) / float(num_towers))
+        tf.add_n([loss for loss, _, _ in outputs]) / float(len(outputs)))
     pairs = list(grads_and_vars) + statistics
     # (Loss spikes are refused with sync replicas, whose apply has no loss.)
     kwargs = dict(loss=loss) if params.skip_loss_spikes else {}
@@ -297,8 +302,10 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=()):
                  "nonfinite_steps_by_tower": nonfinite_by_tower,
                  "max_consecutive_skips_seen": max_seen},
       spikes=result.spikes,
-      forensics=replay_lib.Forensics(tower_inputs.store, probes,
-                                     scale),
+      # (None for a quarantined tower.)
+      forensics=replay_lib.Forensics(
+          tower_inputs.store, [probes.get(i) for i in range(num_towers)],
+          scale),
       tower_unit=unit)
   step_summaries.add(step)
   return step
