@@ -69,6 +69,19 @@ class TowerUnitTrainTest(tf.test.TestCase):
                       cluster=cluster)
     self.assertEqual(os.listdir(train_dir), [])
 
+  def testTooFewHealthyTowersSaySo(self):
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    with self.assertLogs(level="WARNING") as logs:
+      summary = train_lib.train(_params(
+          train_dir, max_steps=2, max_explained_skips=0,
+          inject_nonfinite="nan@1:1,nan@1:2", min_healthy_towers=3))
+    self.assertIn("step 1: 2 of 4 towers healthy, fewer than "
+                  "--min_healthy_towers=3: the whole step is skipped",
+                  "\n".join(logs.output))
+    self.assertEqual((1, 1), (summary["applied_steps"],
+                              summary["skipped_steps"]))
+    self.assertEqual([0, 0, 0, 0], summary["rejected_by_tower"])
+
   def testMinHealthyTowersIsValidated(self):
     with self.assertRaisesRegex(params_lib.ParamsError,
                                 r"--min_healthy_towers=5: must be an integer "

@@ -90,23 +90,20 @@ class ForensicsHook(core_hooks.GatedHook):
       on_model: `on_model(run_context, step)`, called after the record of a
         "the model, not the data" verdict (e.g. stop or roll back now);
         True if it stopped the run (`model_fault` is then the step).
-      quarantine: optional `quarantine.Quarantine`: told of each fault
-        that did not reproduce, and may replay past `max_explained`.
+      quarantine: optional `quarantine.Quarantine` (suspect devices).
     """
     self._forensics = step.forensics
     report = step.report
     self._fetches = {"step": step.step_index, "applied": step.applied,
                      "towers": report.tower_flags,
                      "average": report.average_flags,
-                     "losses": {i: t.loss for i, t in enumerate(self._forensics.towers)
-                               if t is not None}}
+                     "losses": {i: t.loss for i, t in enumerate(
+                         self._forensics.towers) if t is not None}}
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
     if step.spikes is not None:
       self._fetches["spikes"] = spikes.fetches(step.spikes)
-    if step.tower_unit is not None:
-      # --skip_unit=tower: an applied step may leave towers out
-      # (`report.tower_flags`); each such step is recorded like a skip.
+    if step.tower_unit is not None:  # Towers left out: recorded too.
       self._fetches["left_out"] = step.tower_unit.degraded
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
@@ -128,7 +125,7 @@ class ForensicsHook(core_hooks.GatedHook):
     if not self._fetched:
       return
     results = run_values.results
-    left_out = bool(results["applied"]) and bool(results.get("left_out"))
+    left_out = bool(results.get("left_out"))  # --skip_unit=tower.
     if results["applied"] and not left_out:
       return
     started = time.time()
@@ -140,9 +137,7 @@ class ForensicsHook(core_hooks.GatedHook):
     record = {"step": step, "worker": self._worker, "time": time.time(),
               "reason": "nonfinite",
               "towers": self._towers(results, flags, batches)}
-    if left_out:
-      # The step was applied without these towers: the replay runs on the
-      # weights after it (a skip's replay sees the weights the step saw).
+    if left_out and results["applied"]:  # Replayed on the weights after.
       record.update(unit="tower", weights="after the step")
     scale = float(results["scale"]) if "scale" in results else None
     if scale is not None:

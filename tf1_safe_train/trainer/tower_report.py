@@ -40,6 +40,13 @@ def describe(step, grad_flags, loss_flags, devices, scale=None,
   return line
 
 
+def describe_too_few(step, num_healthy, num_active, min_healthy):
+  """The line of a step skipped whole for too few healthy towers."""
+  return ("step %d: %d of %d towers healthy, fewer than "
+          "--min_healthy_towers=%d: the whole step is skipped"
+          % (step, num_healthy, num_active, min_healthy))
+
+
 class LeftOutHook(core_hooks.GatedHook):
   """On every applied step that left out towers, logs `describe`'s line."""
 
@@ -51,11 +58,13 @@ class LeftOutHook(core_hooks.GatedHook):
     """
     unit = step.tower_unit
     self._fetches = {"step": step.step_index, "applied": step.applied,
-                     "grads": unit.grad_flags, "loss": unit.loss_flags}
+                     "grads": unit.grad_flags, "loss": unit.loss_flags,
+                     "too_few": unit.skip, "healthy": unit.num_healthy}
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
     self._devices = list(step.report.tower_devices)
     self._num_active = unit.num_active
+    self._min_healthy = unit.min_healthy
     self.last_line = None
 
   def after_run(self, run_context, run_values):
@@ -63,7 +72,11 @@ class LeftOutHook(core_hooks.GatedHook):
       return
     results = run_values.results
     if not results["applied"]:
-      return  # The skip report says it.
+      if results["too_few"]:  # (The skip report names the towers.)
+        logging.warning("%s", describe_too_few(
+            int(results["step"]), int(results["healthy"]), self._num_active,
+            self._min_healthy))
+      return
     line = describe(int(results["step"]), np.reshape(results["grads"], [-1]),
                     np.reshape(results["loss"], [-1]), self._devices,
                     results.get("scale"), self._num_active)

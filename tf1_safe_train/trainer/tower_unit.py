@@ -65,6 +65,7 @@ class TowerUnit(object):
     self.indices = list(indices or range(len(losses)))
     self.num_towers = num_towers or len(losses)
     self.num_active = len(losses)
+    self.min_healthy = min_healthy_
     self.tower_grads_and_vars = [list(gv) for gv in tower_grads_and_vars]
     with tf1.name_scope("tower_unit"):
       loss_flags = tf.logical_not(tf.math.is_finite(tf.stack(losses)))
