@@ -129,6 +129,7 @@ def _run(cluster):
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
   from tf1_safe_train.trainer import run_summary
+  from tf1_safe_train.trainer import tower_unit
   from tf1_safe_train.trainer import train_lib
   # pylint: enable=g-import-not-at-top
   try:
@@ -141,6 +142,8 @@ def _run(cluster):
       # Every task, so no ps serves workers that refused to start.
       raise params_lib.ParamsError(
           checkpoint_rollback.refusal_in_cluster(params))
+    if cluster is not None and tower_unit.refusal_in_cluster(params):
+      raise params_lib.ParamsError(tower_unit.refusal_in_cluster(params))
     if cluster is not None and cluster.job_name == cluster_lib.PS:
       # A ps blocks in TensorFlow (a Python handler would never run);
       # Ctrl-C and SIGTERM must end it at once.

@@ -52,6 +52,14 @@ def _increment(variable):
   return tf1.assign_add(variable, tf.constant(1, dtype=variable.dtype.base_dtype))
 
 
+def _done(op_fn):
+  """A cond branch that runs `op_fn()`'s op and returns a tensor."""
+  def branch():
+    with tf1.control_dependencies([op_fn()]):
+      return tf.constant(True)
+  return branch
+
+
 def _with_flags(branch_fn, grads, written):
   """`branch_fn` returning also the report's per-tensor flags.
 
@@ -86,6 +94,7 @@ def guarded_apply(grads_and_vars,
                   loss=None,
                   criteria=(),
                   tower_values=None,
+                  tower_unit=None,
                   name="skip_nonfinite"):
   """Builds one step that applies `apply_fn` only if every gradient is finite.
 
@@ -123,6 +132,13 @@ def guarded_apply(grads_and_vars,
       first one that fired (non-finite first, then in this order).
     tower_values: optional dict of per-tower tensors for the criteria
       (`criteria.Context.towers`).
+    tower_unit: optional, for a step whose `grads_and_vars` already leave
+      out bad towers (the trainer's `tower_unit.TowerUnit`): its `skip`
+      (bool scalar) skips the whole step; on an applied step, the update
+      ops' writes are kept only if its `keep_updates` (else rolled back,
+      and then not checked), `branch_ops` run `on_skip` if it is
+      `degraded` (a loss scale halves: a left-out tower overflowed), and
+      its `on_apply()` runs; its `variables` are the decision's too.
     name: name scope of the step's ops.
 
   Returns:
@@ -152,6 +168,8 @@ def guarded_apply(grads_and_vars,
     any_bad = nonfinite.any_nonfinite([g for g, _ in checked])
     for extra in extra_nonfinite:
       any_bad = tf.logical_or(any_bad, extra)
+    if tower_unit is not None:
+      any_bad = tf.logical_or(any_bad, tower_unit.skip)
     # The decision checks the values the forward-pass updates wrote, and
     # waits for those updates, so the branches see (and save or undo) them.
     # Integer variables (e.g. counters an update op bumps) cannot be NaN.
@@ -169,8 +187,11 @@ def guarded_apply(grads_and_vars,
     if protected.variables:
       with tf1.control_dependencies(updates):
         written = protected.values()
-        any_bad = tf.logical_or(any_bad, nonfinite.any_written_nonfinite(
-            [w for w in written if w.dtype.base_dtype.is_floating]))
+        written_bad = nonfinite.any_written_nonfinite(
+            [w for w in written if w.dtype.base_dtype.is_floating])
+        if tower_unit is not None:  # Rolled back if not kept: harmless.
+          written_bad = tf.logical_and(written_bad, tower_unit.keep_updates)
+        any_bad = tf.logical_or(any_bad, written_bad)
     decision = reasons_lib.Decision(criteria, criteria_lib.Context(
         checked, loss, any_bad, dict(tower_values or {})),
                                     counters.skipped_steps)
@@ -192,14 +213,27 @@ def guarded_apply(grads_and_vars,
                                                   for b in branch_ops]),
                       tf.no_op, name="nonfinite_skip")]
 
+    def _commit():
+      commit = lambda: protected.commit(written if saved_before else None)
+      if tower_unit is None:
+        return commit()
+      # Built in the nested branches: tower 0 left out, its writes undone.
+      return tf.cond(tower_unit.keep_updates, _done(commit),
+                     _done(protected.restore), name="keep_updates")
+
+    def _on_apply():
+      if tower_unit is None:
+        return [b.on_apply() for b in branch_ops]
+      return [tower_unit.on_apply()] + [
+          tf.cond(tower_unit.degraded, _done(b.on_skip), _done(b.on_apply),
+                  name="degraded") for b in branch_ops]
+
     def _apply_branch():
       with tf1.name_scope("apply"):
         update = apply_fn(list(grads_and_vars))
         with tf1.control_dependencies([update]):
-          steps = [protected.commit(written if saved_before else None),
-                   _increment(counters.applied_steps),
-                   *[b.on_apply() for b in branch_ops],
-                   *decision.on_apply(),
+          steps = [_commit(), _increment(counters.applied_steps),
+                   *_on_apply(), *decision.on_apply(),
                    tf1.assign(counters.consecutive_skips,
                               tf.constant(0, dtype=tf.int64))]
           if global_step is not None and not increment_global_step_on_skip:
@@ -217,7 +251,8 @@ def guarded_apply(grads_and_vars,
 
     touched = ([v for _, v in checked] + protected.variables + list(counters) +
                ([global_step] if global_step is not None else []) +
-               decision.variables)
+               decision.variables +
+               (tower_unit.variables if tower_unit is not None else []))
     with rollback.control_flow_for(touched):
       applied, flags, update_flags = tf.cond(
           all_finite,

@@ -28,9 +28,8 @@ from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
 
-# Graph collection of the `guard.GuardResult` of every wrapped step, so hooks
-# can find the applied flag and the per-variable flags of legacy train ops
-# (and refuse a run of two steps: `write_check`).
+# Every wrapped step's `guard.GuardResult`: hooks find the flags of legacy
+# train ops there (and refuse a run of two steps: `write_check`).
 GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
@@ -66,10 +65,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
   `update_ops` is given: the entries the step runs anyway, and the writes
   its forward pass makes in place, in no collection (batch norm with
   `updates_collections=None`; `rollback.update_ops_run_by`); wrapping never
-  makes a step run an update op the script did not run. Update ops grouped into the train op after
-  `apply_gradients` are not seen here: pass the train op through `protect`.
-  An update op whose writes cannot be analysed (a loop, a function call, an
-  unknown write op) raises a ValueError naming it and the variable.
+  makes a step run an update op the script did not run. An update op whose
+  writes cannot be analysed (a loop, a function call, an unknown write op)
+  raises a ValueError naming it and the variable.
   """
 
   def __init__(self,
@@ -82,6 +80,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                skip_spikes=None,
                criteria=(),
                check_runs=True,
+               tower_unit=None,
                name="SkipNonFinite"):
     """Creates the wrapper.
 
@@ -111,6 +110,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         of each distinct set of fetches that executes a step of this
         wrapper is checked, whoever runs it (`run_check`); later runs of
         the same fetches pay one dict lookup. False: no such check.
+      tower_unit: the trainer's --skip_unit=tower (`guard.guarded_apply`).
       name: name scope of the decision ops.
 
     Raises:
@@ -136,6 +136,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._loss_scale = loss_scale
     self._strict = strict
     self._check_runs = check_runs
+    self._tower_unit = tower_unit
     self._spike_config = (None if skip_spikes is None
                           else spikes_lib.SpikeConfig.of(skip_spikes))
     self._criteria = list(criteria)
@@ -238,8 +239,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     losses, self._losses = self._losses, []
     self._computed = {}
     self._note_replay_outputs(losses, grads_and_vars)
-    # (Not in a name scope of its own, which would rename the decision's
-    # to "SkipNonFinite_1".)
+    # No name scope of its own: the decision's would be "SkipNonFinite_1".
     self._step_roots = rollback.step_roots(
         [g for g, _ in grads_and_vars if g is not None] + losses,
         self._name + "_control_dependencies")
@@ -254,11 +254,10 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
-        # Slots and non-slot accumulators are created here, in the caller's
-        # name scope, as the wrapped optimizer's own apply_gradients would:
-        # created inside the cond branch, Adam's beta powers would be named
-        # ".../apply/beta1_power" and a checkpoint of an unwrapped run would
-        # not restore. (Creating them again inside the branch reuses these.)
+        # Slots and accumulators are made here, in the caller's name scope,
+        # as the wrapped optimizer would: made in the cond's branch, Adam's
+        # beta powers would be ".../apply/beta1_power" and a checkpoint of
+        # an unwrapped run would not restore. (The branch reuses these.)
         with tf1.init_scope():
           optimizer._create_slots(var_list)  # pylint: disable=protected-access
     detector = None
@@ -274,7 +273,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         update_ops=update_ops,
         branch_ops=[self._loss_scale] if self._loss_scale else [],
         spikes=detector, loss=loss, criteria=self._criteria,
-        tower_values=tower_values, name=self._name)
+        tower_values=tower_values, tower_unit=self._tower_unit,
+        name=self._name)
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._note_own_variables(known)
     self._last_result = result

@@ -38,6 +38,7 @@ from tf1_safe_train.trainer import batch_store
 from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import skip_states
+from tf1_safe_train.trainer import verdict_counts
 
 tf1 = tf.compat.v1
 
@@ -50,7 +51,7 @@ NOT_EXPLAINED = "not explained: --max_explained_skips reached"
 # A finite skip (a spike, another criterion's) is no fault to find: its values
 # are in the record, and a replay (finite by construction) would only call it
 # "not reproducible" and accuse a device, or worse, exclude its examples.
-FINITE = "%s (finite; not replayed)"
+FINITE = verdict_counts.FINITE
 SPIKE = FINITE % "spike"
 DRY_RUN = "%s would be skipped (dry run: applied; not replayed)"
 OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
@@ -62,7 +63,8 @@ class ForensicsHook(core_hooks.GatedHook):
   """Records, replays and classifies every skipped step of this worker."""
 
   def __init__(self, step, params, worker=0, max_explained=10,
-               summary_dir=None, describe_id=str, on_model=None):
+               summary_dir=None, describe_id=str, on_model=None,
+               quarantine=None):
     """Creates the hook.
 
     Args:
@@ -75,18 +77,22 @@ class ForensicsHook(core_hooks.GatedHook):
       on_model: `on_model(run_context, step)`, called after the record of a
         "the model, not the data" verdict (e.g. stop or roll back now);
         True if it stopped the run (`model_fault` is then the step).
+      quarantine: optional `quarantine.Quarantine` (suspect devices).
     """
     self._forensics = step.forensics
     report = step.report
     self._fetches = {"step": step.step_index, "applied": step.applied,
                      "towers": report.tower_flags,
                      "average": report.average_flags,
-                     "losses": [t.loss for t in self._forensics.towers]}
+                     "losses": {i: t.loss for i, t in enumerate(
+                         self._forensics.towers) if t is not None}}
     if step.loss_scale_before is not None:
       self._fetches["scale"] = step.loss_scale_before
     self._reasons = step.reasons
     if step.reasons is not None:
       self._fetches["criteria"] = step.reasons.fetches
+    if step.tower_unit is not None:  # Towers left out: recorded too.
+      self._fetches["left_out"] = step.tower_unit.degraded
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -100,16 +106,20 @@ class ForensicsHook(core_hooks.GatedHook):
     self.verdicts = collections.Counter()
     self.suspect_devices = collections.Counter()
     self._on_model = on_model
+    self._quarantine = quarantine
     self.model_fault = None  # The model verdict's step that stopped the run.
 
   def after_run(self, run_context, run_values):
     results = run_values.results
     if not self._fetched:
       return
+    left_out = bool(results.get("left_out"))  # --skip_unit=tower.
     if results["applied"]:
       for would in (self._reasons.would_skip(results["criteria"])
                     if self._reasons else []):
         self._record_dry_run(run_context, results, would.reason)
+      if not left_out:
+        return
       return
     started = time.time()
     session = run_context.session
@@ -121,6 +131,8 @@ class ForensicsHook(core_hooks.GatedHook):
     record = {"step": step, "worker": self._worker, "time": time.time(),
               "reason": reason,
               "towers": self._towers(results, flags, batches)}
+    if left_out and results["applied"]:  # Replayed on the weights after.
+      record.update(unit="tower", weights="after the step")
     scale = float(results["scale"]) if "scale" in results else None
     if scale is not None:
       record["loss_scale"] = scale
@@ -143,7 +155,8 @@ class ForensicsHook(core_hooks.GatedHook):
       # E.g. sync replicas: another worker's gradients were non-finite.
       record["verdict"] = "no tower of this worker was non-finite"
       text = "step %d: %s" % (step, record["verdict"])
-    elif self.explained >= self._max_explained:
+    elif self.explained >= self._max_explained and not (
+        self._quarantine and self._quarantine.wants_replay(offending[0])):
       record["verdict"] = NOT_EXPLAINED
       text = "step %d tower %d: %s" % (step, offending[0], NOT_EXPLAINED)
     else:
@@ -169,9 +182,11 @@ class ForensicsHook(core_hooks.GatedHook):
         logging.warning("step %d: the skip's state for //:replay not saved: "
                         "%s; its record is kept", step, record["state_error"])
       self.replay_seconds.append(record["replay_seconds"])
-      self.verdicts[verdict_key(explained)] += 1
+      self.verdicts[verdict_counts.verdict_key(explained)] += 1
       if explained["suspect_device"]:
         self.suspect_devices[explained["suspect_device"]] += 1
+        if self._quarantine:
+          self._quarantine.on_suspect(run_context, offending[0])
       text = replay_lib.line(step, explained)
     record["seconds"] = round(time.time() - started, 4)
     # Before the checkpoint saver's after_run: see the module doc.
@@ -221,7 +236,8 @@ class ForensicsHook(core_hooks.GatedHook):
              "example_ids": [int(i) for i in ids],
              "batch_hash": batch_store.batch_hash(images, labels),
              "variables": variables if flags[t] else []}
-            for t, (images, labels, ids) in enumerate(batches)]
+            for t, (images, labels, ids) in enumerate(batches)
+            if self._forensics.towers[t] is not None]  # Not quarantined.
 
   def _save_state(self, session, step, batches, scale):
     """Saves the state the step saw (exact: a skip moves nothing)."""
@@ -265,36 +281,3 @@ class ForensicsHook(core_hooks.GatedHook):
         "replay_seconds_mean": (round(sum(seconds) / len(seconds), 4)
                                 if seconds else None),
         "replay_seconds_max": max(seconds) if seconds else None}
-
-
-def verdict_key(record):
-  """A replayed record's verdict in the run summary's counts: reproducible
-  (the data: its examples are excluded), model, undecided or
-  not_reproducible (records written before the evidence rule: reproduced
-  or not)."""
-  if not record["reproduced"]:
-    return "not_reproducible"
-  if record.get("exclude", True):
-    return "reproducible"
-  return "model" if record.get("verdict") == replay_lib.MODEL else "undecided"
-
-
-def totals(train_dir):
-  """Counts over every worker's records in `train_dir` (all runs): the
-  chief's run summary merges the workers' logs this way."""
-  verdicts, devices = collections.Counter(), collections.Counter()
-  try:
-    records = skip_log.read_all(train_dir)
-  except skip_log.SkipLogError as e:  # Reported, not fatal: the run is over.
-    return {"all_records_error": str(e)}
-  for record in records:
-    if "reproduced" in record:
-      verdicts[verdict_key(record)] += 1
-    elif record.get("dry_run"):
-      verdicts[record["reason"] + "_would_skip"] += 1
-    elif record.get("verdict") == FINITE % record.get("reason"):
-      verdicts[record["reason"]] += 1
-    if record.get("suspect_device"):
-      devices[record["suspect_device"]] += 1
-  return {"all_records": len(records), "all_verdicts": dict(verdicts),
-          "suspect_devices_all_runs": dict(devices)}

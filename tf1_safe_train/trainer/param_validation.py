@@ -19,6 +19,7 @@ LR_SCHEDULES = ("constant", "piecewise", "cosine")
 LR_STEPS = ("applied_steps", "global_step")
 INJECT_INTO = ("grads", "loss", "input")
 ON_PERSISTENT_SKIPS = ("stop", "rollback")
+SKIP_UNITS = ("step", "tower")
 
 
 class ParamsError(ValueError):
@@ -104,6 +105,24 @@ def _check_spikes(params):
          "chief decides on the aggregate gradients and sees no loss)")
 
 
+def _check_skip_unit(params):
+  _check_one_of("skip_unit", params.skip_unit, SKIP_UNITS)
+  _check(checks.is_int(params.min_healthy_towers) and
+         0 <= params.min_healthy_towers <= params.num_towers,
+         "--min_healthy_towers=%r: must be an integer in [0, --num_towers=%d] "
+         "(0 = half the towers, rounded up)", params.min_healthy_towers,
+         params.num_towers)
+  _check(checks.is_int(params.quarantine_after) and
+         params.quarantine_after >= 0,
+         "--quarantine_after=%r: must be an integer >= 0 (0 = off)",
+         params.quarantine_after)
+  _check(not params.quarantine_after or params.skip_unit == "tower",
+         "--quarantine_after needs --skip_unit=tower (a quarantined tower is "
+         "left out of every step)")
+  _check(isinstance(params.clear_quarantine, bool),
+         "--clear_quarantine=%r: must be a boolean", params.clear_quarantine)
+
+
 def check_train(params):
   """Checks every field of a `TrainParams`; raises ParamsError naming one."""
   _check_model_and_data(params, "data_batch_*.bin")
@@ -135,6 +154,7 @@ def check_train(params):
          "give up)", params.max_consecutive_skips)
   _check_rollback(params)
   _check_spikes(params)
+  _check_skip_unit(params)
   for name in ("save_checkpoints_steps", "save_summaries_steps",
                "log_every_n_steps"):
     value = getattr(params, name)

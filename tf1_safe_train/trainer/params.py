@@ -21,6 +21,7 @@ LR_SCHEDULES = param_validation.LR_SCHEDULES
 LR_STEPS = param_validation.LR_STEPS
 INJECT_INTO = param_validation.INJECT_INTO
 ON_PERSISTENT_SKIPS = param_validation.ON_PERSISTENT_SKIPS
+SKIP_UNITS = param_validation.SKIP_UNITS
 ParamsError = param_validation.ParamsError
 
 _param = flag_specs.param
@@ -104,6 +105,19 @@ class TrainParams(object):
       False, "--skip_spikes_sigma: skip no spike, only report each one it "
       "would skip (log line, skips.jsonl record with dry_run, "
       "spike_would_skips): to calibrate the threshold.")
+  skip_unit: str = _param(
+      "step", "What a non-finite tower costs: step (the whole step is "
+      "skipped) or tower (that tower is left out and the others' average "
+      "applied, see docs/trainer.md; one machine only).", SKIP_UNITS)
+  min_healthy_towers: int = _param(
+      0, "--skip_unit=tower: skip the whole step when fewer towers than "
+      "this are healthy; 0 = half the towers, rounded up.")
+  quarantine_after: int = _param(
+      0, "--skip_unit=tower: quarantine a tower after this many faults that "
+      "did not reproduce on replay (a suspect device): the rest of the run, "
+      "restarts included, is built without it; 0 = off.")
+  clear_quarantine: bool = _param(
+      False, "Start with no tower quarantined and the fault counts at zero.")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(

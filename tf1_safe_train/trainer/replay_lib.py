@@ -114,7 +114,8 @@ def _evidence(session, forensics, tower_index, flags, scale, replay_on):
   """Whether another batch passes on the skip's weights: (verdict, exclude,
   evidence text, control dict or None) of a batch that failed on every
   tower it was replayed on, with a finite input."""
-  others = [t for t in range(len(forensics.towers)) if t != tower_index]
+  others = [t for t in range(len(forensics.towers))
+            if t != tower_index and forensics.towers[t] is not None]
   if flags is not None:
     passed = [t for t in others if t < len(flags) and not flags[t]]
     if passed:  # The same weights, the same step: another batch was fine.
@@ -181,11 +182,14 @@ def explain(session, forensics, tower_index, batch, scale=None, flags=None):
           "ops_not_checked": finding.ops_not_checked,
           "seconds": round(finding.seconds, 4),
           "text": replay.describe(finding, example_ids=list(ids))},
-      "weaker": len(towers) == 1,
+      "weaker": sum(t is not None for t in towers) == 1,
   }
   reproduced = not finding.finite
-  if reproduced and len(towers) > 1:
-    other = towers[(tower_index + 1) % len(towers)]
+  # (A quarantined tower has no probe: never built.)
+  built = [t for t in towers[tower_index + 1:] + towers[:tower_index]
+           if t is not None]
+  if reproduced and built:
+    other = built[0]
     elsewhere = replay_on(other, batch)
     result["other"] = {"tower": other.index, "device": other.device,
                        "finite": bool(elsewhere.finite),

@@ -21,6 +21,10 @@ def add(step):
   by_tower = step.totals["nonfinite_steps_by_tower"]
   for i in range(len(step.report.tower_devices)):
     tf1.summary.scalar("skips/nonfinite_steps_tower_%d" % i, by_tower[i])
+  rejected = step.totals.get("rejected_by_tower")  # --skip_unit=tower.
+  for i in range(len(step.report.tower_devices) if rejected is not None
+                 else 0):
+    tf1.summary.scalar("skips/rejected_tower_%d" % i, rejected[i])
   if step.loss_scale is not None:
     # Tagged "loss_scale" exactly: tf1.summary.scalar would take the tag from
     # a new name scope, "loss_scale_1", as "loss_scale" holds the variable.

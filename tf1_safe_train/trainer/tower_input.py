@@ -52,6 +52,7 @@ class TowerInput(object):
   def __init__(self, params, worker_index, num_towers, dataset_fn=None,
                exclude_ids=()):
     self._iterator = _iterator(params, worker_index, dataset_fn, exclude_ids)
+    self._first = None
     with tf.device(INPUT_DEVICE):
       self.store = batch_store.BatchStore(self._iterator.element_spec,
                                           num_towers)
@@ -75,7 +76,7 @@ class TowerInput(object):
                                     lambda: self.store.values(tower),
                                     next_batch, name="batch")
       tf1.add_to_collection(EXAMPLE_IDS_COLLECTION, ids)
-    if tower == 0:
+    if self._first is None:  # The first tower built (see `towers`).
       self._first = (images, labels, ids)
     return images, labels
 

@@ -165,30 +165,32 @@ def session_config(config, allow_soft_placement=True,
   return proto
 
 
-def build_towers(config, tower_fn):
+def build_towers(config, tower_fn, skip=()):
   """Calls `tower_fn(i)` once per tower on its device and in its name scope.
 
-  Tower 0 creates the variables (`tf1.get_variable`); the other towers reuse
+  The first tower built (tower 0 unless in `skip`, the indices of towers
+  not built) creates the variables (`tf1.get_variable`); the others reuse
   them. Variable names carry no 'tower_i/' prefix because name scopes do not
   affect `get_variable`; op names do ('tower_1/...').
 
   Args:
     config: a `TowerConfig`.
     tower_fn: callable taking the tower index and returning anything.
+    skip: indices of towers not built (quarantined).
 
   Returns:
-    The list of `tower_fn` results, in tower order.
+    The list of `tower_fn` results of the towers built, in tower order.
   """
   if not isinstance(config, TowerConfig):
     raise ValueError('config must be a TowerConfig, got %r' % (config,))
   if not callable(tower_fn):
     raise ValueError('tower_fn must be callable, got %r' % (tower_fn,))
   results = []
-  for i in range(config.num_towers):
+  for i in [i for i in range(config.num_towers) if i not in skip]:
     with tf1.device(config.tower_device_fn(i)), \
         tf.name_scope(config.tower_scope(i)), \
         tf1.variable_scope(tf1.get_variable_scope(),
-                           reuse=True if i > 0 else None):
+                           reuse=True if results else None):
       results.append(tower_fn(i))
   return results
 

@@ -26,10 +26,14 @@ from tf1_safe_train.trainer import hooks as hooks_lib
 from tf1_safe_train.trainer import last_good
 from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import quarantine as quarantine_lib
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import stop_signals
+from tf1_safe_train.trainer import tower_report
+from tf1_safe_train.trainer import tower_unit
 from tf1_safe_train.trainer import train_dir as train_dir_lib
 from tf1_safe_train.trainer import train_step
+from tf1_safe_train.trainer import verdict_counts
 
 tf1 = tf.compat.v1
 
@@ -62,27 +66,49 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
       server cannot start, or (`ClusterUnreachableError`) a ps does not
       answer within `params.startup_timeout_secs`.
   """
+  clear = params.clear_quarantine
+  while True:
+    # A tower quarantined ends a segment: the step is rebuilt without it,
+    # from the checkpoint the segment's end saved (`quarantine`).
+    summary, restart = _train(params, extra_hooks, dataset_fn, strategy,
+                              criteria, clear)
+    if not restart:
+      return summary
+    clear = False
+
+
+def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
+  """`train`'s one segment: (run summary, restart: a tower quarantined)."""
   params.validate()
   strategy = strategy or local_replication.Local(params)
   if strategy.in_cluster and checkpoint_rollback.refusal_in_cluster(params):
     raise params_lib.ParamsError(
         checkpoint_rollback.refusal_in_cluster(params))
+  if strategy.in_cluster and tower_unit.refusal_in_cluster(params):
+    raise params_lib.ParamsError(tower_unit.refusal_in_cluster(params))
   if strategy.is_chief:
     train_dir_lib.check(params.train_dir)
   strategy.start()
   start = time.time()
   exclude_ids, excluded = _excluded_examples(params, dataset_fn)
+  quarantine = (quarantine_lib.Quarantine(
+      params, strategy.tower_devices(), max(2, tower_unit.min_healthy(
+          params.min_healthy_towers, params.num_towers)), clear)
+                if params.quarantine_after else None)
   with tf.Graph().as_default(), contextlib.ExitStack() as owned:
     tf1.set_random_seed(params.seed)
     with strategy.device():
-      step = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
-                                   exclude_ids=exclude_ids,
-                                   criteria=criteria)
+      step = train_step.build_step(
+          params, strategy, dataset_fn=dataset_fn, exclude_ids=exclude_ids,
+          criteria=criteria,
+          quarantined=quarantine.quarantined if quarantine else ())
       strategy.after_build(step)
+      if quarantine:
+        quarantine.build(strategy.tower_config.variables_device())
     run = _RunHooks(params, step, strategy, start, excluded,
                     describe_id=lambda i: data.describe_id(
                         params.dataset if dataset_fn is None
-                        else "dataset_fn", i))
+                        else "dataset_fn", i), quarantine=quarantine)
     run_hooks = run.in_order(extra_hooks)
     resume = None
     if strategy.is_chief:
@@ -97,7 +123,7 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
     summary = run.summary()
     if strategy.is_chief:  # Under the lock, as every write of the run.
       run_summary.write(params.train_dir, summary)
-  return summary
+  return summary, bool(quarantine and quarantine.restart)
 
 
 def _excluded_examples(params, dataset_fn):
@@ -119,8 +145,10 @@ class _RunHooks(object):
   variables must exist when the saver lists the variables.
   """
 
-  def __init__(self, params, step, strategy, start, excluded, describe_id):
+  def __init__(self, params, step, strategy, start, excluded, describe_id,
+               quarantine):
     self._params, self._step, self._strategy = params, step, strategy
+    self.quarantine = quarantine
     self._start, self._excluded = start, excluded
     self.first_step_time = None
     is_chief = strategy.is_chief
@@ -133,7 +161,8 @@ class _RunHooks(object):
         # made below, before the session runs.)
         on_model=None if strategy.in_cluster else (
             lambda context, at: checkpoint_rollback.act_on_model_fault(
-                self.give_up, context, at)))
+                self.give_up, context, at)),
+        quarantine=quarantine)
     self.examples_per_step = (params.batch_size *
                               strategy.tower_config.num_towers)
     self.stats = hooks_lib.RunStatsHook(dict(
@@ -173,9 +202,11 @@ class _RunHooks(object):
             step.step_index, step.applied, report.tower_flags,
             report.average_flags, report.variable_names, report.tower_devices,
             loss_scale=step.loss_scale_before, reasons=step.reasons),
+        *([tower_report.LeftOutHook(step)] if step.tower_unit else []),
         self.give_up, self.on_signal, self.stats,
         *self._strategy.step_hooks(),
         self.state_hook,
+        *([self.quarantine.hook()] if self.quarantine else []),
         *extra_hooks]
 
   def summary(self, exit_reason=None):
@@ -187,7 +218,9 @@ class _RunHooks(object):
         checkpoint_rollback.model_fault(self.give_up, self.explain))
     summary["forensics"] = dict(self.explain.summary(),
                                 excluded_examples=self._excluded,
-                                **forensics.totals(self._params.train_dir))
+                                **verdict_counts.totals(self._params.train_dir))
+    if self.quarantine:  # The towers this segment's step was built without.
+      summary["quarantined_towers"] = list(self.quarantine.quarantined)
     return summary
 
 

@@ -1,16 +1,18 @@
 """The trainer's step: towers -> averaged gradients -> one guarded decision.
 
-`tower_loss_and_grads` computes one tower's loss and gradients (input ->
-model -> loss -> loss scale -> gradients -> drill); `build_step` builds the
-whole step in the default graph and returns a `Step`.
+`tower_loss.tower_loss_and_grads` computes one tower's loss and gradients
+(input -> model -> loss -> loss scale -> gradients -> drill); `build_step`
+builds the whole step in the default graph and returns a `Step`.
 
 A gradient's path, module by module (four; it never enters the runner,
 `train_lib`, nor the strategy, `replication`, which only chooses what the
 gradients are applied with):
-  1. `train_step.tower_loss_and_grads`: computed in its tower
+  1. `tower_loss.tower_loss_and_grads`: computed in its tower
      (`DynamicLossScale.gradients` scales, differentiates, unscales; the
      drill's `TowerDrill.grads` may poison it);
-  2. `towers.average_gradients`: averaged over the towers;
+  2. `towers.average_gradients`: averaged over the towers (with
+     --skip_unit=tower, `tower_unit.TowerUnit.average_gradients`: over the
+     healthy ones);
   3. `optimizer.SkipNonFiniteOptimizer.apply_gradients`, the library's one
      guarded step (the public wrapper), called here (`build_step`) or, with
      sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
@@ -27,18 +29,18 @@ import tensorflow as tf
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
-from tf1_safe_train import data
 from tf1_safe_train import models
 from tf1_safe_train.trainer import applied_update
 from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
-from tf1_safe_train.trainer import precision
 from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import step_criteria
 from tf1_safe_train.trainer import step_state
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_input
+from tf1_safe_train.trainer import tower_loss
+from tf1_safe_train.trainer import tower_unit as tower_unit_lib
 from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
@@ -46,7 +48,7 @@ tf1 = tf.compat.v1
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "report", "totals", "loss_scale", "loss_scale_before", "variables",
-    "reasons", "forensics"])
+    "reasons", "forensics", "tower_unit"], defaults=(None,))
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -70,6 +72,8 @@ Attributes:
     decides).
   forensics: `replay_lib.Forensics` (batch store, per-tower probes), what
     explains a skip after the step.
+  tower_unit: with --skip_unit=tower, the step's `tower_unit.TowerUnit`
+    (which towers it left out), else None.
 """
 
 SkipReport = collections.namedtuple("SkipReport", [
@@ -86,42 +90,6 @@ Attributes:
 """
 
 
-def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
-                         tower_drill, loss_scale=None, scale=None):
-  """One tower's loss and (float32, unscaled) gradients.
-
-  `images` are as the model reads them (after the input drill, which models
-  data: the batch store and a replay see the poisoned batch).
-
-  With --precision=fp16|bf16 the tower computes in that dtype on float32
-  master weights; with a `loss_scale` it differentiates the loss times
-  `scale` and divides the gradients back (`DynamicLossScale.gradients`).
-  """
-  compute_dtype = precision.compute_dtype(params.precision)
-  if compute_dtype == tf.float32:
-    logits = model_fn(images, is_training=True, num_classes=data.NUM_CLASSES)
-  else:
-    with precision.float32_master_weights():
-      logits = model_fn(tf.cast(images, compute_dtype), is_training=True,
-                        num_classes=data.NUM_CLASSES)
-    logits = tf.cast(logits, tf.float32)
-  loss = tf.reduce_mean(
-      tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=tf.cast(labels, tf.int32), logits=logits))
-  decay = optimization.weight_decay_loss(params.weight_decay)
-  if decay is not None:
-    loss += decay
-  loss = tower_drill.loss(loss)
-  kwargs = dict(var_list=tf1.trainable_variables(),
-                colocate_gradients_with_ops=True)
-  if loss_scale is None:
-    grads_and_vars = optimizer.compute_gradients(loss, **kwargs)
-  else:
-    grads_and_vars = loss_scale.gradients(optimizer.compute_gradients, loss,
-                                          scale, **kwargs)
-  return loss, tower_drill.grads(grads_and_vars)
-
-
 def _or_tower0(tower_nonfinite, flag):
   """`tower_nonfinite`, tower 0's flag or-ed with `flag` (statistics
   come from tower 0, as in model_deploy: its flag reports them)."""
@@ -131,11 +99,12 @@ def _or_tower0(tower_nonfinite, flag):
 
 Towers = collections.namedtuple("Towers", [
     "outputs", "grads_and_vars", "statistics", "update_ops", "nonfinite",
-    "inputs", "probes", "devices"])
+    "inputs", "probes", "devices", "unit"])
 Towers.__doc__ = """The towers of one step, built (`_build_towers`): per
-tower (loss, grads_and_vars, fused non-finite flag or None), the average,
-tower 0's statistics and update ops, the towers' flags, input, replay
-probes and devices."""
+tower built (loss, grads_and_vars, fused non-finite flag or None), the
+average, the first tower's statistics and update ops, the towers' flags,
+input, replay probes (None for a quarantined tower), devices, and the
+`tower_unit.TowerUnit` (--skip_unit=tower) or None."""
 
 
 def _optimizer(params, state):
@@ -160,7 +129,7 @@ def _optimizer(params, state):
 
 
 def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
-                  dataset_fn, exclude_ids):
+                  dataset_fn, exclude_ids, quarantined):
   """Every tower's input, loss and gradients, averaged: `Towers`."""
   config = strategy.tower_config
   num_towers = config.num_towers
@@ -169,16 +138,16 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
   tower_inputs = tower_input.TowerInput(params, strategy.worker_index,
                                         num_towers, dataset_fn, exclude_ids)
   devices = strategy.tower_devices()
-  probes = []
+  probes = {}
 
   def tower_fn(i):
     tower_drill = drill.tower(step_index, i, strategy.worker_index)
     images, labels = tower_inputs.read(i, tower_drill)
-    loss, grads_and_vars = tower_loss_and_grads(
+    loss, grads_and_vars = tower_loss.tower_loss_and_grads(
         params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
         scale)
-    probes.append(replay_lib.tower_probe(i, devices[i], images, labels, loss,
-                                         grads_and_vars, tower_drill))
+    probes[i] = replay_lib.tower_probe(i, devices[i], images, labels, loss,
+                                       grads_and_vars, tower_drill)
     # Good steps pay for the decision only: the averaged gradients' checks
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
@@ -188,12 +157,18 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
             if num_towers > 1 else None)
     return loss, grads_and_vars, flag
 
-  outputs = towers.build_towers(config, tower_fn)
-  grads_and_vars = towers.average_gradients([gv for _, gv, _ in outputs])
+  outputs = towers.build_towers(config, tower_fn, skip=quarantined)
+  built = sorted(probes)
+  unit = tower_unit_lib.of_towers(params, outputs, config.variables_device(),
+                                  built)
+  grads_and_vars = (unit.average_gradients() if unit else
+                    towers.average_gradients([gv for _, gv, _ in outputs]))
   # Like model_deploy: batch-norm statistics come from the first tower.
   statistics, update_ops = strategy.statistics(tf1.get_collection(
-      tf1.GraphKeys.UPDATE_OPS, config.tower_scope(0)))
-  if num_towers > 1:
+      tf1.GraphKeys.UPDATE_OPS, config.tower_scope(built[0])))
+  if unit:
+    tower_nonfinite = unit.left_out  # Its loss too.
+  elif num_towers > 1:
     tower_nonfinite = tf.stack([flag for _, _, flag in outputs])
     if statistics:
       tower_nonfinite = _or_tower0(
@@ -202,7 +177,8 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
     # The worker's own view in a cluster checks these gradients anyway.
     tower_nonfinite = tf.zeros([1], tf.bool)
   return Towers(outputs, grads_and_vars, statistics, update_ops,
-                tower_nonfinite, tower_inputs, probes, devices)
+                tower_nonfinite, tower_inputs,
+                [probes.get(i) for i in range(num_towers)], devices, unit)
 
 
 def _decide(strategy, state, built, guarded, loss, criteria):
@@ -234,7 +210,7 @@ def _decide(strategy, state, built, guarded, loss, criteria):
 
 
 def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
-               criteria=()):
+               criteria=(), quarantined=()):
   """Builds the training step in the default graph.
 
   Args:
@@ -250,6 +226,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       those `params` ask for (`step_criteria`); they see the step's mean
       loss and, in `Context.towers`, each tower's "loss" and "nonfinite"
       flag (not with sync replicas, whose chief decides on the aggregate).
+    quarantined: indices of towers not built (`quarantine`; only with
+      --skip_unit=tower): no node of theirs runs, no input is read.
 
   Returns:
     A `Step`.
@@ -260,7 +238,9 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     criteria = step_criteria.from_params(params) + list(criteria)
     learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
   built = _build_towers(params, strategy, state.step_index, optimizer,
-                        loss_scale, scale, dataset_fn, exclude_ids)
+                        loss_scale, scale, dataset_fn, exclude_ids,
+                        quarantined)
+  unit = built.unit
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
   guarded = optimizer_lib.SkipNonFiniteOptimizer(
@@ -272,17 +252,25 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       # The trainer builds the whole step itself and checks it by its
       # tests: no first-run check (`run_check`), which would cost a dict
       # lookup per run and name its own counters' writes.
-      check_runs=False)
+      check_runs=False, tower_unit=unit)
   with tf1.device(config.variables_device()):
-    loss = tf.add_n([loss for loss, _, _ in built.outputs]) / float(
-        config.num_towers)
+    loss = unit.loss if unit else (
+        tf.add_n([loss for loss, _, _ in built.outputs]) /
+        float(len(built.outputs)))
     step_op, result, tower_nonfinite, average_flags, names = _decide(
         strategy, state, built, guarded, loss, criteria)
-    keep = built.inputs.keep_if_applied(result.applied, state.step_index)
+    # A left-out tower 0's batch is no control batch (`batch_store`).
+    keep = built.inputs.keep_if_applied(
+        tf.logical_and(result.applied, unit.keep_updates) if unit
+        else result.applied, state.step_index)
     train_op = tf.group(step_op, keep,
                         *state.updates(step_op, tower_nonfinite),
                         name="train_op")
     totals, after = state.totals(train_op, guarded.guard_result().reasons)
+    if unit:
+      with tf1.control_dependencies([train_op]):
+        totals[tower_unit_lib.REJECTED] = tf.identity(
+            unit.rejected.read_value())
   step = Step(
       train_op=train_op, step_index=state.step_index, loss=loss,
       learning_rate=learning_rate, applied=result.applied, counters=after,
@@ -291,6 +279,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       loss_scale=loss_scale.read_after(train_op) if loss_scale else None,
       loss_scale_before=scale, variables=state.variables,
       reasons=result.reasons,
-      forensics=replay_lib.Forensics(built.inputs.store, built.probes, scale))
+      forensics=replay_lib.Forensics(built.inputs.store, built.probes, scale),
+      tower_unit=unit)
   step_summaries.add(step)
   return step

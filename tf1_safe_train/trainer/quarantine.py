@@ -1,0 +1,133 @@
+"""Device quarantine (`--quarantine_after=K`): a tower that keeps failing
+without reproducing is left out of the rest of the run.
+
+Each fault of a tower whose replay is finite (verdict "suspect device")
+adds one to its count, a checkpointed variable; at K the tower is
+quarantined: the run stops its session and rebuilds the step without it
+(none of its nodes runs, its input is never read), and a restart keeps it
+until `--clear_quarantine`. Reproducible faults (the data) never count.
+"""
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train.core import spikes
+from tf1_safe_train.trainer import checkpoints
+
+tf1 = tf.compat.v1
+
+FAULTS = "suspect_faults_by_tower"
+
+
+def _counts_in(train_dir, num_towers):
+  """Each tower's count in the newest checkpoint (zeros if none has it)."""
+  checkpoint = checkpoints.latest(train_dir)
+  if checkpoint is None:
+    return [0] * num_towers
+  reader = tf1.train.load_checkpoint(checkpoint)
+  if FAULTS not in reader.get_variable_to_shape_map():
+    return [0] * num_towers
+  counts = [int(c) for c in np.reshape(reader.get_tensor(FAULTS), [-1])]
+  # (Another --num_towers is refused by the checkpoint's own checks.)
+  return counts if len(counts) == num_towers else [0] * num_towers
+
+
+class Quarantine(object):
+  """The quarantine of one run segment (a session; see `train_lib`).
+
+  Attributes:
+    quarantined: the tower indices the step is built without.
+    restart: True once a tower was quarantined in this segment: the runner
+      rebuilds the step without it.
+  """
+
+  def __init__(self, params, devices, min_active, clear):
+    """Reads the counts (unless `clear`) and logs the startup line.
+
+    Args:
+      params: the run's `params.TrainParams` (quarantine_after > 0).
+      devices: every tower's device string.
+      min_active: never quarantine below this many towers.
+      clear: --clear_quarantine: start from zero counts.
+    """
+    self._after = params.quarantine_after
+    self._devices = list(devices)
+    self._min_active = min_active
+    self._clear = clear
+    num_towers = len(devices)
+    counts = ([0] * num_towers if clear
+              else _counts_in(params.train_dir, num_towers))
+    self.quarantined = tuple(t for t, c in enumerate(counts)
+                             if c >= self._after)
+    self.restart = False
+    # Replays a tower gets past --max_explained_skips (this segment): at
+    # most K each, whatever their verdicts, so the cost stays bounded.
+    self._forced = [0] * num_towers
+    self._counts = None
+    self._increments = None
+    self._reset = None
+    if self.quarantined:
+      logging.warning("quarantined towers (--quarantine_after=%d, kept from "
+                      "the checkpoint; --clear_quarantine starts over): %s",
+                      self._after, self._names(self.quarantined))
+
+  def _names(self, towers):
+    return ", ".join("%d (%s)" % (t, self._devices[t]) for t in towers)
+
+  def build(self, variables_device):
+    """Adds the counts and their ops to the default graph (before the
+    session finalises it)."""
+    num_towers = len(self._devices)
+    with tf1.device(variables_device):
+      counts = tf1.Variable(
+          tf.zeros([num_towers], tf.int64), trainable=False, name=FAULTS,
+          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, spikes.OPTIONAL_STATE])
+      self._increments = [
+          tf1.assign_add(counts, tf.one_hot(t, num_towers, dtype=tf.int64))
+          for t in range(num_towers)]
+      self._reset = tf1.assign(counts, tf.zeros([num_towers], tf.int64))
+    self._counts = counts
+
+  def hook(self):
+    """The hook that clears the counts after a restore (--clear_quarantine)."""
+    return _ClearHook(self._reset if self._clear else None)
+
+  def wants_replay(self, tower):
+    """Whether tower `tower` gets a replay past --max_explained_skips."""
+    if self._forced[tower] >= self._after:
+      return False
+    self._forced[tower] += 1
+    return True
+
+  def on_suspect(self, run_context, tower):
+    """Counts a fault of `tower` that did not reproduce; at K, quarantines
+    it (stops this session: the runner rebuilds the step without it)."""
+    counts = run_context.session.run(self._increments[tower])
+    if counts[tower] < self._after or self.restart:
+      return
+    active = len(self._devices) - len(self.quarantined)
+    if active - 1 < self._min_active:
+      logging.warning(
+          "tower %s: %d faults that did not reproduce, but not quarantined: "
+          "%d towers would be left (--min_healthy_towers, at least 2)",
+          self._names([tower]), counts[tower], active - 1)
+      return
+    logging.warning(
+        "tower %s quarantined: %d faults that did not reproduce on replay "
+        "(--quarantine_after=%d); left out of every later step (the step is "
+        "rebuilt without it)", self._names([tower]), counts[tower],
+        self._after)
+    self.restart = True
+    run_context.request_stop()
+
+
+class _ClearHook(tf1.train.SessionRunHook):
+
+  def __init__(self, reset):
+    self._reset = reset
+
+  def after_create_session(self, session, coord):
+    del coord
+    if self._reset is not None:
+      session.run(self._reset)
