@@ -21,8 +21,8 @@ import tensorflow as tf
 from bench import executed_ops
 from bench import guard_overhead_lib
 from bench import timing
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.trainer import eval_lib
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_lib
@@ -118,7 +118,7 @@ def good_step_nodes(config, unit):
     params = dataclasses.replace(_params(config, unit, train_dir),
                                  inject_nonfinite="")
     with tf.Graph().as_default():
-      strategy = replication.Local(params)
+      strategy = local_replication.Local(params)
       step = train_step.build_step(
           params, strategy, quarantined=(config.flaky_tower,)
           if params.quarantine_after else ())

@@ -13,8 +13,8 @@ import tensorflow as tf
 from bench import executed_ops
 from tests import binaries
 from tests import forensics_test_util
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_lib
 from tf1_safe_train.trainer import train_step
@@ -94,7 +94,7 @@ class QuarantineTest(tf.test.TestCase):
     params = _params("/tmp/unused", inject_nonfinite="")
     config = towers.TowerConfig(4, "cpu")
     with tf.Graph().as_default():
-      step = train_step.build_step(params, replication.Local(params, config),
+      step = train_step.build_step(params, local_replication.Local(params, config),
                                    quarantined=(3,))
       with tf1.Session(config=towers.session_config(config)) as sess:
         sess.run([tf1.global_variables_initializer(),

@@ -9,8 +9,8 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-from tf1_safe_train.cluster import replication
 from tf1_safe_train.models import layers
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_step
@@ -53,7 +53,7 @@ class Run(object):
       with mock.patch.object(train_step.models, "get_model",
                              lambda unused_name: _model):
         self.step = train_step.build_step(
-            params, replication.Local(params, self.config),
+            params, local_replication.Local(params, self.config),
             dataset_fn=_dataset)
       self.trainable = tf1.trainable_variables()
       self.statistics = [v for v in tf1.global_variables()

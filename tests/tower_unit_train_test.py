@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tests import forensics_test_util
 from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import train_lib
@@ -65,8 +66,8 @@ class TowerUnitTrainTest(tf.test.TestCase):
     with self.assertRaisesRegex(params_lib.ParamsError,
                                 "^--skip_unit=tower runs on one machine "
                                 "only: [^\n]*$"):
-      train_lib.train(_params(train_dir, startup_timeout_secs=2.0),
-                      cluster=cluster)
+      params = _params(train_dir, startup_timeout_secs=2.0)
+      train_lib.train(params, strategy=replication.make(params, cluster))
     self.assertEqual(os.listdir(train_dir), [])
 
   def testTooFewHealthyTowersSaySo(self):
