@@ -120,7 +120,6 @@ class ForensicsHook(core_hooks.GatedHook):
         self._record_dry_run(run_context, results, would.reason)
       if not left_out:
         return
-      return
     started = time.time()
     session = run_context.session
     step = int(results["step"])
