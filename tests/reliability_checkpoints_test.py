@@ -410,6 +410,9 @@ class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
       self.assertTrue(lib.wait_until(
           lambda: lib.progress_steps(lib.read_text(log)), 300, process=first),
                       lib.read_text(log))
+      # Frozen, it still holds the lock, and burns no CPU while the second
+      # one starts (nor writes: the snapshot below is the first's files).
+      lib.send(first, signal.SIGSTOP)
       before = train_dir_util.files_snapshot(train_dir)
       second = lib.run_trainer(_args(train_dir, "--max_steps=3"))
       self.assertOneLineError(second, "--train_dir=" + train_dir,
