@@ -2,12 +2,14 @@
 
 import math
 import os
+import re
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
 import optimizer_test_util as test_util
+from bench import executed_ops
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import skip_log
@@ -220,6 +222,54 @@ class SpikesTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "sigma"):
       optimizer_lib.SkipNonFiniteOptimizer(
           tf1.train.GradientDescentOptimizer(0.1), skip_spikes=-1.0)
+
+
+class GoodStepNodesTest(tf.test.TestCase):
+  """What counting skips by reason costs a good step: nothing."""
+
+  def _executed(self, skip_spikes):
+    """Names of the nodes a good step executes."""
+    with tf.Graph().as_default():
+      model = _Model(skip_spikes)
+      feed = {model.x: np.ones(3, np.float32)}
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(model.train_op, feed)  # The first run also initialises.
+        metadata = executed_ops.trace_run(sess, model.train_op, feed)
+        self.assertEqual(
+            0, sess.run(counters_lib.skip_counters().skipped_steps))
+    return executed_ops.executed_node_names(metadata)
+
+  def testReasonCountersAndVerdictRunOnSkipsOnly(self):
+    plain, spiky = self._executed(None), self._executed(_config())
+    # A counter's handle captured by the skip branch would cost a good step
+    # its VarHandleOp and a Switch, the non-finite verdict a Switch.
+    self.assertEmpty([n for n in spiky
+                      if re.search(r"(^|/)(nonfinite|spike)_skips(/|$)", n)
+                      or ("/decide/" in n and "any_nonfinite" in n)])
+    # The spike detector's own nodes (its norm and flag, its state's
+    # Switches): 69 when nonfinite_skips was derived (skipped minus
+    # spikes; b20abdd), 72 with both counters captured.
+    self.assertLessEqual(len(spiky) - len(plain), 67, (len(plain),
+                                                       len(spiky)))
+
+  def testCountsEachReasonWhereverTheStepIsBuilt(self):
+    # The counters live on CPU:0; the decision's branch, here on CPU:1,
+    # increments them through handles of its own, on their device.
+    config = tf1.ConfigProto(device_count={"CPU": 2})
+    with tf.Graph().as_default(), tf1.Session(config=config) as sess:
+      with tf.device("/device:CPU:1"):
+        model = _Model(_config())
+      sess.run(tf1.global_variables_initializer())
+      for i in range(6):
+        self.assertTrue(model.step(sess, seed=i)["applied"])
+      self.assertFalse(model.step(sess, scale=1e4, seed=99)["applied"])
+      self.assertFalse(model.step(sess, scale=math.nan)["applied"])
+      report = model.step(sess, seed=7)
+      self.assertTrue(report["applied"])
+      self.assertEqual(report["reasons"], spikes.ReasonCounters(1, 1))
+      self.assertEqual(
+          sess.run(counters_lib.skip_counters().skipped_steps), 2)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ OPTIONAL_STATE = "tf1_safe_train_optional_state"
 # Every reason's counters, `<reason>_skips` and `<reason>_would_skips`.
 COUNTERS_COLLECTION = "tf1_safe_train_reason_counters"
 NONFINITE = "nonfinite"
+# A reason counter's device type (an int64 scalar: host memory anyway).
+COUNTER_DEVICE = "/device:CPU:0"
 _REASON = re.compile(r"^[a-z][a-z0-9_]*$")
 
 Context = collections.namedtuple(
@@ -55,18 +57,21 @@ def state_variable(name, value):
 def counter(name, graph=None, initial_fn=None):
   """The graph's int64 counter `name` (e.g. "spike_skips"), made once.
 
-  At the graph's root, on the current device (a parameter server under a
-  `replica_device_setter`), optional in checkpoints: a checkpoint written
-  before the reason existed restores, the count starting at 0 (or at
-  `initial_fn()`, built under `init_scope`).
+  At the graph's root, on the current job and task (a parameter server
+  under a `replica_device_setter`) and their CPU: an explicit device, which
+  lets the skip branch name it through a handle of its own
+  (`reasons.Decision.on_skip`); optional in checkpoints: a checkpoint
+  written before the reason existed restores, the count starting at 0 (or
+  at `initial_fn()`, built under `init_scope`).
   """
   graph = graph or tf1.get_default_graph()
   for variable in graph.get_collection(COUNTERS_COLLECTION):
     if variable.op.name == name:
       return variable
   with graph.as_default(), tf1.init_scope(), graph.name_scope(None):
-    variable = state_variable(name, initial_fn() if initial_fn else
-                              tf.constant(0, tf.int64))
+    with tf1.device(COUNTER_DEVICE):
+      variable = state_variable(name, initial_fn() if initial_fn else
+                                tf.constant(0, tf.int64))
   graph.add_to_collection(COUNTERS_COLLECTION, variable)
   return variable
 

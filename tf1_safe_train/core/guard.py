@@ -65,10 +65,12 @@ def _with_flags(branch_fn, grads, written):
 
   With `grads` and `written` (lists: gradients, variables written by update
   ops), for the skip branch: each is checked, the variables before
-  `branch_fn` restores them. With their numbers, for the apply branch: all
-  False, which the decision proved. The skip branch reads only what the
-  apply branch captures already (gradients, variables' handles), so a v2
-  cond's lowering adds no `Switch` for its checks: good steps run none.
+  `branch_fn(flags, update_flags)` restores them. With their numbers, for
+  the apply branch: all False, which the decision proved. The skip branch
+  reads only what the apply branch captures already (gradients, variables'
+  handles), so a v2 cond's lowering adds no `Switch` for its checks: good
+  steps run none. (Each tensor a branch captures is one input of the cond,
+  one `Switch` on every step, whichever branch runs.)
   """
   def branch():
     if isinstance(grads, int):
@@ -79,7 +81,7 @@ def _with_flags(branch_fn, grads, written):
                               for v in written])
                     if written else tf.zeros([0], tf.bool))
     with tf1.control_dependencies([flags, update_flags]):
-      return branch_fn(), flags, update_flags
+      return branch_fn(flags, update_flags), flags, update_flags
   return branch
 
 
@@ -153,6 +155,7 @@ def guarded_apply(grads_and_vars,
                      len(grads_and_vars))
   update_ops = list(update_ops or [])
   branch_ops = list(branch_ops)
+  extra_nonfinite = tuple(extra_nonfinite)
   criteria = criteria_lib.with_nonfinite(
       ([spikes] if spikes is not None else []) + list(criteria))
   counters = counters_lib.skip_counters()
@@ -205,12 +208,20 @@ def guarded_apply(grads_and_vars,
     with tf1.control_dependencies(updates):
       all_finite = tf.identity(all_finite, name="all_finite")
 
-    def _on_skip():
-      if len(decision.counters) == 1 or not branch_ops:
+    def _nonfinite_here(flags, update_flags):
+      """The verdict from the skip branch's per-tensor flags, without
+      capturing `any_bad` (a `Switch` on every step): the same but for
+      verdicts the flags do not see (extra ones, the tower unit's)."""
+      if extra_nonfinite or tower_unit is not None:
+        return any_bad
+      return tf.reduce_any(tf.concat([flags, update_flags], 0))
+
+    def _on_skip(bad):
+      if not decision.labels or not branch_ops:
         return [b.on_skip() for b in branch_ops]
       # Built in the branch functions, so they run only on a non-finite skip.
-      return [tf.cond(any_bad, lambda: tf.group(*[b.on_skip()
-                                                  for b in branch_ops]),
+      return [tf.cond(bad, lambda: tf.group(*[b.on_skip()
+                                              for b in branch_ops]),
                       tf.no_op, name="nonfinite_skip")]
 
     def _commit():
@@ -241,10 +252,12 @@ def guarded_apply(grads_and_vars,
         with tf1.control_dependencies(steps):
           return tf.identity(tf.constant(True))
 
-    def _skip_branch():
+    def _skip_branch(flags, update_flags):
       with tf1.name_scope("skip"):
+        bad = (_nonfinite_here(flags, update_flags) if decision.labels
+               else None)
         steps = [protected.restore(), _increment(counters.skipped_steps),
-                 *decision.on_skip(), *_on_skip(),
+                 *decision.on_skip(bad), *_on_skip(bad),
                  _increment(counters.consecutive_skips)]
         with tf1.control_dependencies(steps):
           return tf.identity(tf.constant(False))

@@ -25,6 +25,31 @@ def _increment(variable, by=None):
                         else tf.cast(by, tf.int64))
 
 
+def _increment_in_branch(variable, by):
+  """`variable += by` for the skip branch, through a handle of its own.
+
+  A variable's handle that the skip branch alone captures costs every good
+  step two nodes: its `VarHandleOp` and the `Switch` a v2 cond's lowering
+  adds per captured tensor. A second `VarHandleOp` of the same resource
+  (container, shared name and the explicit device `criteria.counter`
+  gives a reason counter), built in the branch, runs on skipped steps
+  only. A ref variable (legacy code; a v1 cond) or one without a device
+  is captured.
+  """
+  op = variable.op
+  if op.type != "VarHandleOp" or not op.device:
+    return _increment(variable, by)
+  # No device function either: a replica_device_setter would place this
+  # handle anew (round robin), on another task than the resource's.
+  with tf1.device(None), tf1.device(op.device):
+    handle = tf.raw_ops.VarHandleOp(
+        dtype=op.get_attr("dtype"), shape=op.get_attr("shape"),
+        container=op.get_attr("container"),
+        shared_name=op.get_attr("shared_name"), name=op.name)
+    return tf.raw_ops.AssignAddVariableOp(resource=handle,
+                                          value=tf.cast(by, tf.int64))
+
+
 def _counters(acting, skipped_steps):
   """The acting criteria's counters, non-finite's first.
 
@@ -88,15 +113,31 @@ class Decision(object):
            for op in tf.nest.flatten(c.on_apply(self.context))]
     return ops + [_increment(v, f) for v, f in self.would_counters]
 
-  def on_skip(self):
-    """The skip branch's ops: each criterion's, the label's counter."""
+  @property
+  def labels(self):
+    """True if the skip branch counts the label (more than one acting
+    criterion): it then needs `on_skip`'s `nonfinite`."""
+    return len(self.counters) > 1
+
+  def on_skip(self, nonfinite=None):
+    """The skip branch's ops: each criterion's, the label's counter.
+
+    Args:
+      nonfinite: the non-finite verdict as the skip branch computes it
+        from what it reads anyway (the guard's per-tensor flags), or None
+        to capture the context's: each captured tensor costs a good step
+        a `Switch`.
+    """
     ops = [op for c in self.criteria
            for op in tf.nest.flatten(c.on_skip(self.context))]
-    if len(self.counters) == 1:  # skipped_steps: the guard counts it.
+    if not self.labels:  # skipped_steps: the guard counts it.
       return ops
+    flags = [f for _, f in self._acting]
+    if nonfinite is not None:
+      flags[0] = nonfinite
     earlier = tf.constant(False)
-    for counter, (_, flag) in zip(self.counters, self._acting):
-      ops.append(_increment(counter, tf.logical_and(
+    for counter, flag in zip(self.counters, flags):
+      ops.append(_increment_in_branch(counter, tf.logical_and(
           flag, tf.logical_not(earlier))))
       earlier = tf.logical_or(earlier, flag)
     return ops
