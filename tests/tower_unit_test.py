@@ -58,7 +58,14 @@ class Run(object):
       self.trainable = tf1.trainable_variables()
       self.statistics = [v for v in tf1.global_variables()
                          if "moving" in v.op.name]
-      self.sess = tf1.Session(config=towers.session_config(self.config))
+      # Without Grappler, as the reference: its rewrites (which it may cut
+      # short under load) can compute the applied average differently from
+      # the fetched tower gradients, in the last bit, from run to run (a
+      # clean-clone CI run failed so).
+      session_config = towers.session_config(self.config)
+      session_config.graph_options.rewrite_options.disable_meta_optimizer = (
+          True)
+      self.sess = tf1.Session(config=session_config)
       self.sess.run(tf1.global_variables_initializer())
 
   def state(self):
