@@ -33,22 +33,14 @@ def _binary(name):
   return [sys.executable, "-m", "bench." + name]
 
 
-_SERVER = []
-
-
 def _in_a_fresh_process(code, cwd):
   """Runs `code` as `python -c` would, in a process forked from one that
   imported TensorFlow once (forked_python): its flags are its own."""
-  if not _SERVER:
-    _SERVER.append(forked_python.Server(dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(sys.path))))
-  return _SERVER[0].run(code, cwd, timeout=300)
+  return forked_python.run_shared(code, cwd)
 
 
 def tearDownModule():
-  for server in _SERVER:
-    server.close()
+  forked_python.close_shared()
 
 
 class GuardOverheadTest(tf.test.TestCase):

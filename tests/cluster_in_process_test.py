@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import binaries
+import train_dir_util
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import replication
@@ -32,18 +33,6 @@ tf1 = tf.compat.v1
 _COUNTERS = {"global_step", "applied_steps", "skipped_steps",
              "consecutive_skips", "max_consecutive_skips_seen",
              "nonfinite_steps_by_tower"}
-
-
-def _checkpoint_values(path):
-  reader = tf1.train.load_checkpoint(path)
-  return {name: reader.get_tensor(name)
-          for name in reader.get_variable_to_shape_map()}
-
-
-def _nonfinite_variables(values):
-  return [name for name, value in values.items()
-          if np.issubdtype(np.asarray(value).dtype, np.floating) and
-          not np.isfinite(value).all()]
 
 
 def _changed(a, b):
@@ -77,7 +66,7 @@ class InProcessClusterTest(tf.test.TestCase):
     self.assertEqual((summary["global_step"], summary["skipped_steps"],
                       summary["applied_steps"]), (8, 2, 6))
     path = os.path.join(train_dir, "model.ckpt-%d")
-    before, after, applied = (_checkpoint_values(path % s) for s in (4, 6, 7))
+    before, after, applied = (train_dir_util.checkpoint_values(path % s) for s in (4, 6, 7))
     # NaN images poison the forward pass, so tower 0's moving statistics
     # would be NaN: they are applied with the decision, not before it.
     self.assertEqual(set(_changed(before, after)) - _COUNTERS, set())
@@ -86,7 +75,7 @@ class InProcessClusterTest(tf.test.TestCase):
     self.assertTrue(any(n.startswith(
         "resnet20/initial/bn/moving_mean/skip_shadow_of_") for n in moved),
                     moved)
-    self.assertEqual(_nonfinite_variables(applied), [])
+    self.assertEqual(train_dir_util.nonfinite_entries(applied), [])
 
   def testAsyncBatchNormStatisticsUnchangedOnSkippedSteps(self):
     self._assertStatisticsUnchangedOnSkippedSteps(sync=False)

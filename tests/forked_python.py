@@ -98,3 +98,22 @@ class Server(object):
     self._process.wait()
     self._process.stdin.close()
     self._process.stdout.close()
+
+
+_SHARED = []
+
+
+def run_shared(code, cwd, timeout=300):
+  """Runs `code` as `python -c` would, in a child of this process's one
+  shared `Server` (started on first use: this environment with
+  TF_CPP_MIN_LOG_LEVEL=2, this process's `sys.path`); `close_shared` ends
+  it (a test module's `tearDownModule`)."""
+  if not _SHARED:
+    _SHARED.append(Server(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                               PYTHONPATH=os.pathsep.join(sys.path))))
+  return _SHARED[0].run(code, cwd, timeout=timeout)
+
+
+def close_shared():
+  while _SHARED:
+    _SHARED.pop().close()

@@ -93,9 +93,6 @@ def _flags_tables(text):
       r"<!-- flags-table: (\w+) -->\n(.*?)<!-- /flags-table -->", text, re.S))
 
 
-_SERVER = []
-
-
 def _run(code, cwd):
   """Runs `code` as `python -c` would, in a process of its own.
 
@@ -103,16 +100,11 @@ def _run(code, cwd):
   (forked_python), not started anew: a fresh `__main__`, no state of
   another block's.
   """
-  if not _SERVER:
-    _SERVER.append(forked_python.Server(dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(sys.path))))
-  return _SERVER[0].run(code, cwd, timeout=300)
+  return forked_python.run_shared(code, cwd)
 
 
 def tearDownModule():
-  for server in _SERVER:
-    server.close()
+  forked_python.close_shared()
 
 
 class ReadmeTest(tf.test.TestCase):
