@@ -171,7 +171,7 @@ class RestartedChiefTest(tf.test.TestCase):
     scaffold = tf1.train.Scaffold(saver=tf1.train.Saver())
     creator = replicas._ClusterSessionCreator(  # pylint: disable=protected-access
         scaffold, self._worker.target, None, True, train_dir,
-        max_wait_secs=60)
+        max_wait_secs=60, task_name=cluster.task_name)
     return creator.create_session(), step, scaffold.saver
 
   def testRestartedChiefKeepsTheLiveParameterServerState(self):

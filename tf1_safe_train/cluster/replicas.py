@@ -211,7 +211,8 @@ class _ClusterSessionCreator(tf1.train.SessionCreator):
   """
 
   def __init__(self, scaffold, master, config, is_chief, checkpoint_dir,
-               max_wait_secs):
+               max_wait_secs, task_name):
+    self._task_name = task_name
     self._scaffold = scaffold
     self._master = master
     self._config = config
@@ -220,6 +221,15 @@ class _ClusterSessionCreator(tf1.train.SessionCreator):
     self._max_wait_secs = max_wait_secs
 
   def create_session(self):
+    session = self._create_session()
+    # Tells when a (restarted) worker took part: its first step follows.
+    step = tf1.train.get_global_step()
+    if step is not None:
+      logging.info("%s joined the run at global_step %d", self._task_name,
+                   session.run(step))
+    return session
+
+  def _create_session(self):
     scaffold = self._scaffold
     scaffold.finalize()
     manager = tf1.train.SessionManager(
@@ -284,6 +294,6 @@ def cluster_session(params, cluster, master, config, scaffold, hooks):
   """The MonitoredSession of a worker, running `hooks` in their order."""
   creator = _ClusterSessionCreator(
       scaffold, master, config, cluster.is_chief, params.train_dir,
-      max_wait_secs=params.startup_timeout_secs)
+      max_wait_secs=params.startup_timeout_secs, task_name=cluster.task_name)
   return tf1.train.MonitoredSession(session_creator=creator, hooks=hooks,
                                     stop_grace_period_secs=_STOP_GRACE_SECS)
