@@ -2,7 +2,9 @@
 
 Each case runs a tiny main module both ways, `python -m` in a new process and
 `forked_python.Server.run_module`, and compares what a test reads; a hung
-child is killed at its timeout without the server.
+child is killed at its timeout without the server. `binaries.run` forks a
+binary the same way, unless asked for a fresh process or its environment
+needs one.
 """
 
 import os
@@ -12,6 +14,7 @@ import tempfile
 
 import tensorflow as tf
 
+import binaries
 import forked_python
 
 # A main module that ends in the way its first argument names.
@@ -125,6 +128,28 @@ class ForkedPythonTest(tf.test.TestCase):
         self.assertFalse(_alive(pid), pid)
     _, forked = self._both("exit")
     self.assertEqual(forked.returncode, 3)
+
+
+class BinariesRunTest(tf.test.TestCase):
+
+  def testForkedRunOfABinaryEqualsAFreshOne(self):
+    args = ("--no_such_flag=1",)
+    fresh = binaries.run("train", *args, fresh_process=True)
+    forked = binaries.run("train", *args)
+    self.assertEqual(forked.args[:2], ["forked_python", "-m"])
+    self.assertEqual(forked.returncode, 2)
+    self.assertEqual(forked.returncode, fresh.returncode)
+    self.assertEqual(binaries.our_lines(forked.stderr),
+                     binaries.our_lines(fresh.stderr))
+    self.assertEqual(forked.stdout, fresh.stdout)
+
+  def testRunsFreshWhenTheEnvironmentIsReadAtImport(self):
+    for env_args in ({"no_tensorflow": True}, {"TF_ENABLE_ONEDNN_OPTS": "0"}):
+      with self.subTest(env_args=env_args):
+        result = binaries.run("train", "--no_such_flag=1", **env_args)
+        self.assertEqual(result.args, binaries.command("train") +
+                         ["--no_such_flag=1"])
+        self.assertEqual(result.returncode, 2, result.stderr)
 
 
 if __name__ == "__main__":
