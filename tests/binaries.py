@@ -3,6 +3,28 @@
 Under `bazel test` a binary is the Bazel-built one in the test's runfiles (the
 test lists it in its `data`); elsewhere it is `python -m tf1_safe_train.NAME`.
 Its stderr is read without TensorFlow's C++ start-up notices.
+
+`run` runs a binary to its end in a child forked from a server that imported
+TensorFlow once (`forked_python`; one server per test process, started on
+first use, ended at exit), not in a new process: about 4 CPU s less a launch.
+The child applies the run's environment and working directory, then runs the
+binary's main module as `python -m` would (fresh `__main__`, same argv; the
+server imported only TensorFlow, numpy and absl, none of this project's
+modules), and ends as a process does (sys.exit, cli's os._exit, a signal, an
+uncaught exception): the run gives the same exit code and the same stdout and
+stderr text (TensorFlow's start-up notices and a traceback's frames aside).
+So a forked run proves what the binary's code does: flags, exit codes, error
+lines, files written.
+It does not prove what start-up does: the Bazel launcher or `python -m`
+finding the module, TensorFlow's import and its start-up lines (the server
+prints them, once), what a variable read at TensorFlow's import changes
+(TF_CPP_MIN_LOG_LEVEL...: a run whose environment differs from the server's
+in anything but TF_CONFIG, TF1_SAFE_TRAIN_*, BUILD_WORKING_DIRECTORY starts a
+fresh process, as `no_tensorflow` does). Nor does it give the binary a pid
+whose /proc command line is its own, a stdin (it reads /dev/null), Python's
+hash seed or TensorFlow's process-wide state (set at import) of its own.
+Tests about those pass `fresh_process=True` (or use `command`);
+BINARIES_FRESH_PROCESS=1 in the environment makes every run fresh.
 """
 
 import atexit
@@ -13,6 +35,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+
+import forked_python
 
 # TensorFlow's C++ start-up notices (glog format, printed before its logging
 # is configured) are not ours to count.
@@ -78,22 +102,65 @@ def env(tf_config=None, no_tensorflow=False, **extra):
   return result
 
 
-def run(name, *args, timeout=300, **env_args):
+def run(name, *args, timeout=300, fresh_process=False, **env_args):
   """Runs binary `name` with flags `args` to its end.
 
   Args:
     name: the binary, as for `command`.
     *args: its arguments.
-    timeout: seconds before `subprocess.TimeoutExpired` is raised.
+    timeout: seconds before `subprocess.TimeoutExpired` is raised (the
+      binary killed).
+    fresh_process: whether to start the binary itself (`command`) rather
+      than fork it from the server (see the module docstring); it is
+      started anyway when the environment asks for what a fork cannot give
+      (no_tensorflow, a variable TensorFlow reads when imported).
     **env_args: passed to `env` (tf_config, no_tensorflow, extra
       variables).
 
   Returns:
     The `subprocess.CompletedProcess`, stdout and stderr as text.
   """
+  environ = env(**env_args)
+  if not fresh_process and _forkable(environ):
+    return _server().run_module("tf1_safe_train." + name, args, environ,
+                                os.getcwd(), timeout)
   return subprocess.run(command(name) + list(args), capture_output=True,
-                        text=True, env=env(**env_args), timeout=timeout,
-                        check=False)
+                        text=True, env=environ, timeout=timeout, check=False)
+
+
+# Variables read when a binary runs, not when TensorFlow is imported: a
+# forked run may differ from the server in them (PYTEST_CURRENT_TEST is
+# pytest's, for no binary).
+_RUN_TIME_VARIABLES = ("TF_CONFIG", "TF1_SAFE_TRAIN_",
+                       "BUILD_WORKING_DIRECTORY", "PYTEST_CURRENT_TEST")
+
+_SERVER = []  # The one forked_python server of this process, once started.
+
+
+def _server():
+  """This process's server (started on first use, ended at exit)."""
+  if not _SERVER:
+    _SERVER.append((forked_python.Server(env()), env()))
+    atexit.register(_close_server)
+  return _SERVER[0][0]
+
+
+def _close_server():
+  while _SERVER:
+    _SERVER.pop()[0].close()
+
+
+def _forkable(environ):
+  """Whether a forked run sees environment `environ` as a fresh one would:
+  it differs from the server's only in variables read at run time."""
+  if os.environ.get("BINARIES_FRESH_PROCESS") == "1":
+    return False
+  server_env = _SERVER[0][1] if _SERVER else env()
+  for name in set(environ) | set(server_env):
+    if (environ.get(name) != server_env.get(name) and
+        not name.startswith(_RUN_TIME_VARIABLES)):
+      return False
+  return True
 
 
 def our_lines(text):

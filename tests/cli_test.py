@@ -31,14 +31,15 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         self.assertEqual(f.read(), data, name)
 
   def testHelpfullListsTheFlags(self):
-    result = binaries.run("train", "--helpfull")
+    result = binaries.run("train", "--helpfull", fresh_process=True)
     self.assertEqual(result.returncode, 0, result.stderr)
     for flag in ("--num_towers", "--inject_nonfinite", "--max_consecutive_skips",
                  "increment_global_step_on_skip", "--train_dir"):
       self.assertIn(flag, result.stdout)
 
   def testUnknownFlag(self):
-    self.assertOneLineError(binaries.run("train", "--no_such_flag=1"),
+    self.assertOneLineError(binaries.run("train", "--no_such_flag=1",
+                                         fresh_process=True),
                             "no_such_flag")
 
   def testBadFlagValues(self):
@@ -66,7 +67,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
       with self.subTest(args=args):
         result = binaries.run(
             "train", "--train_dir=" + train_dir, *args,
-            no_tensorflow=gpu_known or "--device=gpu" not in args)
+            no_tensorflow=gpu_known or "--device=gpu" not in args,
+            fresh_process=True)
         self.assertOneLineError(result, expected)
         self.assertUntouched(train_dir, contents)
 
@@ -85,7 +87,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     ]
     for args, expected in cases:
       with self.subTest(args=args):
-        result = binaries.run("train", "--train_dir=" + train_dir, *args)
+        result = binaries.run("train", "--train_dir=" + train_dir, *args,
+                              fresh_process=True)
         self.assertOneLineError(result, expected, exit_code=2)
         self.assertStartsWith(binaries.error_lines(result.stderr)[0],
                               expected)
@@ -109,7 +112,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     for data_arg, expected in cases:
       with self.subTest(data_arg=data_arg):
         result = binaries.run("train", "--train_dir=" + train_dir,
-                              "--dataset=cifar10", data_arg)
+                              "--dataset=cifar10", data_arg,
+                              fresh_process=True)
         self.assertOneLineError(result, expected)
         self.assertUntouched(train_dir, contents)
 
@@ -119,7 +123,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
       f.write("not a directory")
     result = binaries.run("train",
                           "--train_dir=" + os.path.join(blocker, "run"),
-                          no_tensorflow=True)  # Refused before its import.
+                          no_tensorflow=True,  # Refused before its import.
+                          fresh_process=True)
     self.assertOneLineError(result, "--train_dir", "not writable")
 
 
@@ -134,7 +139,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     result = binaries.run("train", "--train_dir=runs/a", "--max_steps=3",
                           "--batch_size=2", "--num_towers=2",
                           "--inject_nonfinite=nan@1:1",
-                          BUILD_WORKING_DIRECTORY=user_dir)
+                          BUILD_WORKING_DIRECTORY=user_dir,
+                          fresh_process=True)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertTrue(os.path.exists(
         os.path.join(user_dir, "runs", "a", "run_summary.json")))
@@ -145,7 +151,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
 class EvalCliTest(tf.test.TestCase):
 
   def testMissingCheckpoint(self):
-    result = binaries.run("eval", "--train_dir=" + self.get_temp_dir())
+    result = binaries.run("eval", "--train_dir=" + self.get_temp_dir(),
+                          fresh_process=True)
     self.assertNotEqual(result.returncode, 0)
     self.assertNotIn("Traceback", result.stderr)
     self.assertEqual(binaries.error_lines(result.stderr),
