@@ -117,7 +117,7 @@ class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
             "train", "--train_dir=" + train_dir,
             "--on_persistent_skips=rollback", "--ps_hosts=127.0.0.1:1",
             "--worker_hosts=127.0.0.1:2", "--job_name=" + job,
-            "--task_index=0")
+            "--task_index=0", no_tensorflow=True)  # Refused before it.
         self.assertOneLineError(
             result, "--on_persistent_skips=rollback runs on one machine only",
             "parameter servers", exit_code=2)

@@ -14,6 +14,8 @@ TensorFlow).
 import os
 
 from tf1_safe_train.trainer import injection_spec
+from tf1_safe_train.trainer import one_machine_only
+from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 # The device nodes through which TensorFlow reaches a GPU: NVIDIA's driver
@@ -53,7 +55,8 @@ def check(params, num_workers=None):
   """Refuses what the task would refuse after TensorFlow's import.
 
   In the trainer's order: the drill spec against the towers and workers,
-  then, on one machine, the train_dir (created if missing, as the run
+  then, in a cluster, the options that run on one machine only, or, on one
+  machine, the train_dir (created if missing, as the run
   would; in a cluster the chief checks it once its server has started),
   then the CIFAR-10 training files (in a cluster each worker checks them
   after the import: a ps reads none).
@@ -66,9 +69,12 @@ def check(params, num_workers=None):
     injection_spec.InjectionSpecError: for a bad --inject_nonfinite.
     train_dir.TrainDirError: for a --train_dir the run cannot use.
     DataError: for CIFAR-10 training files the run would refuse.
+    params.ParamsError: in a cluster, for an option of one machine only.
   """
   injection_spec.validate(injection_spec.parse_spec(params.inject_nonfinite),
                           params.num_towers, num_workers or 1)
+  if num_workers is not None and one_machine_only.refusal(params):
+    raise params_lib.ParamsError(one_machine_only.refusal(params))
   if num_workers is None:
     train_dir_lib.check(params.train_dir)
     if params.dataset == "cifar10":
