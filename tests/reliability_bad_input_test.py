@@ -4,9 +4,11 @@ One test per row of the bad-input table. Each runs `//:train` as a user would,
 pointed at a real --train_dir holding a finished run (checkpoints, events,
 run_summary.json), and checks: exactly one error line, last, naming the
 problem; a non-zero exit (2 for bad input); no traceback; every file of that
---train_dir byte-identical and no file added. (tests/cli_test.py covers part of
-the table against a stand-in directory; the cluster spec rows come with the
-cluster issue.)
+--train_dir byte-identical and no file added. Every row but a label byte out of
+range (found only when the record is read) is refused before TensorFlow's
+import: the binary runs with an unimportable TensorFlow, so a later refusal
+would end in a traceback. (tests/cli_test.py covers part of the table against
+a stand-in directory; the cluster spec rows come with the cluster issue.)
 """
 
 import os
@@ -22,9 +24,13 @@ import train_dir_util
 from tf1_safe_train import cli
 from tf1_safe_train.data import cifar10
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import preflight
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
+
+# Only TensorFlow can count the GPUs of a machine with a GPU device node.
+_GPUS_KNOWN = preflight.visible_gpus("gpu") is not None
 
 
 def _cifar_dir(parent, name, damage=None):
@@ -57,10 +63,12 @@ class BadInputTest(tf.test.TestCase):
     assert any(n.endswith(".index") for n in cls.snapshot), cls.snapshot
 
   def assertBadInput(self, args, *expected, exit_code=cli.EXIT_BAD_INPUT,
-                     train_dir=None):
-    """Runs the trainer on the existing run with `args`; checks the contract."""
+                     train_dir=None, before_tensorflow=True):
+    """Runs the trainer on the existing run with `args`; checks the contract
+    (and, if `before_tensorflow`, that the refusal needs no TensorFlow)."""
     train_dir = train_dir or self.train_dir
-    result = lib.run_trainer(["--train_dir=" + train_dir] + list(args))
+    result = binaries.run("train", "--train_dir=" + train_dir, *args,
+                          no_tensorflow=before_tensorflow)
     self.assertEqual(result.returncode, exit_code, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
     errors = binaries.error_lines(result.stderr)
@@ -93,7 +101,8 @@ class BadInputTest(tf.test.TestCase):
     gpus = len(tf.config.list_physical_devices("GPU"))
     self.assertBadInput(["--device=gpu", "--num_towers=%d" % (gpus + 1)],
                         "--num_towers=%d" % (gpus + 1),
-                        "%d GPU(s) are visible" % gpus)
+                        "%d GPU(s) are visible" % gpus,
+                        before_tensorflow=_GPUS_KNOWN)
 
   # Regression test (issue 17, 4): --device=gpu on a machine without a GPU
   # said "--num_towers=0: must be an integer >= 1", a flag never given.
@@ -102,7 +111,8 @@ class BadInputTest(tf.test.TestCase):
       self.skipTest("a GPU is visible")
     error = self.assertBadInput(["--device=gpu"], "--device=gpu",
                                 "sees no GPU", "--device=cpu",
-                                "TF1_SAFE_TRAIN_GPU=1")
+                                "TF1_SAFE_TRAIN_GPU=1",
+                                before_tensorflow=_GPUS_KNOWN)
     self.assertNotIn("--num_towers", error)
 
   def testZeroBatchSize(self):
@@ -240,6 +250,55 @@ class BadInputTest(tf.test.TestCase):
     for name, data in self.snapshot.items():
       with open(os.path.join(self.train_dir, name), "wb") as f:
         f.write(data)
+
+
+class DataFilesPreflightTest(tf.test.TestCase):
+
+  # Regression test (issue 26): a missing or damaged CIFAR-10 file was
+  # refused only after TensorFlow's import and most of the graph (the rows
+  # above now run without TensorFlow). The early check must refuse what
+  # `cifar10.check_files` refuses, with the same line.
+  def testRefusesWhatTheInputPipelineRefusesWithTheSameLine(self):
+    root = self.get_temp_dir()
+
+    def remove(name):
+      return lambda d: os.remove(os.path.join(d, name))
+
+    def write(name, data):
+
+      def damage(data_dir):
+        with open(os.path.join(data_dir, name), "wb") as f:
+          f.write(data)
+
+      return damage
+
+    cases = {
+        "intact": None,
+        "missing_file": remove("data_batch_5.bin"),
+        "empty": write("data_batch_2.bin", b""),
+        "cifar100": write("data_batch_4.bin", b"\x01" * (3 * 3074)),
+        "truncated": write("data_batch_3.bin", b"\x00" * 3072),
+    }
+    for name, damage in cases.items():
+      with self.subTest(name=name):
+        data_dir = _cifar_dir(root, name, damage)
+        self.assertEqual(self._refusal(preflight.check_cifar10_train_files,
+                                       data_dir),
+                         self._refusal(cifar10.check_files, data_dir,
+                                       "train"))
+    missing = os.path.join(root, "no_such_dir")
+    message = self._refusal(preflight.check_cifar10_train_files, missing)
+    self.assertIn("does not exist", message)
+    self.assertEqual(message,
+                     self._refusal(cifar10.check_files, missing, "train"))
+
+  def _refusal(self, check, *args):
+    """The message `check(*args)` raises (a DataError), or None."""
+    try:
+      check(*args)
+    except (preflight.DataError, cifar10.DataError) as e:
+      return str(e)
+    return None
 
 
 if __name__ == "__main__":

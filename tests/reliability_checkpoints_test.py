@@ -66,6 +66,22 @@ def _params(train_dir, **overrides):
   return params_lib.TrainParams(**values).validate()
 
 
+# The finished run most tests start from (model.ckpt-{0,2,4}, `_params`'s
+# defaults), trained once per file; tests copy it (`_copy_of_template`).
+_TEMPLATE = []
+
+
+def _copy_of_template(train_dir):
+  """A copy, at `train_dir`, of the 4-step run (trained on first use)."""
+  if not _TEMPLATE:
+    template = os.path.join(tempfile.mkdtemp(dir=tf1.test.get_temp_dir()),
+                            "template")
+    train_lib.train(_params(template))
+    _TEMPLATE.append(template)
+  shutil.copytree(_TEMPLATE[0], train_dir)
+  return train_dir
+
+
 def _all_checkpoints(train_dir):
   """Every `model.ckpt-N` present (listed or not), oldest first."""
   steps = checkpoints.on_disk(train_dir)
@@ -149,8 +165,8 @@ class NonFiniteStateTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         ["model.ckpt-0"])
 
   def testEvalRefusesNonFiniteWeightsInOneLine(self):
-    train_dir = os.path.join(self.get_temp_dir(), "nan_weights")
-    train_lib.train(_params(train_dir, max_steps=1))
+    train_dir = _copy_of_template(os.path.join(self.get_temp_dir(),
+                                               "nan_weights"))
     _rewrite_checkpoint(train_dir_util.latest_checkpoint(train_dir),
                         "small_cnn/local3/weights",
                         os.path.join(train_dir, "model.ckpt-7"))
@@ -237,22 +253,14 @@ class FiniteSaverTest(tf.test.TestCase):
 
 class BookkeepingTest(tf.test.TestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    # The run most tests start from, trained once: model.ckpt-{0,2,4}.
-    cls.template = os.path.join(
-        tempfile.mkdtemp(dir=tf1.test.get_temp_dir()), "template")
-    train_lib.train(_params(cls.template))
-
   def _run(self, name, **overrides):
-    """A finished run in a new train_dir `name`: the class's 4-step run
+    """A finished run in a new train_dir `name`: the file's 4-step run
     (copied) unless `overrides` change its params."""
     train_dir = os.path.join(self.get_temp_dir(), name)
     if overrides:
       train_lib.train(_params(train_dir, **overrides))
     else:
-      shutil.copytree(self.template, train_dir)
+      _copy_of_template(train_dir)
     return train_dir
 
   def testMissingStateFileResumesFromTheNewestCheckpoint(self):
@@ -319,22 +327,23 @@ class BookkeepingTest(tf.test.TestCase):
         self.assertIn("resuming from model.ckpt-2", warnings[0])
 
   def testNoIntactCheckpointIsRefused(self):
-    train_dir = self._run("all_damaged", max_steps=1, save_checkpoints_steps=5)
+    train_dir = self._run("all_damaged")  # model.ckpt-{0,2,4}.
     for name in os.listdir(train_dir):
       if name.startswith("model.ckpt-") and ".data" in name:
         with open(os.path.join(train_dir, name), "wb"):
           pass
     before = train_dir_util.files_snapshot(train_dir)
     with self.assertRaisesRegex(checkpoints.CheckpointError,
-                                "none is intact.*model.ckpt-1"):
-      train_lib.train(_params(train_dir, max_steps=3))
+                                "none is intact.*model.ckpt-4.*model.ckpt-2"
+                                ".*model.ckpt-0"):
+      train_lib.train(_params(train_dir, max_steps=6))
     after = train_dir_util.files_snapshot(train_dir)
     after.pop(train_dir_lib.LOCK_FILE)
     before.pop(train_dir_lib.LOCK_FILE)
     self.assertEqual(after, before)
 
   def testResumeWithOtherFlagsNamesTheVariableAndTheFlag(self):
-    train_dir = self._run("flags", max_steps=1)
+    train_dir = self._run("flags")  # model.ckpt-4.
     cases = [
         (dict(model="resnet20"), "--model=small_cnn \\(now resnet20\\)"),
         (dict(num_towers=2), "nonfinite_steps_by_tower.*--num_towers=1"),
@@ -344,14 +353,14 @@ class BookkeepingTest(tf.test.TestCase):
     for overrides, expected in cases:
       with self.subTest(**overrides):
         with self.assertRaisesRegex(checkpoints.CheckpointError,
-                                    "cannot resume from .*model.ckpt-1: "
+                                    "cannot resume from .*model.ckpt-4: "
                                     "variable .*" + expected):
-          train_lib.train(_params(train_dir, max_steps=2, **overrides))
+          train_lib.train(_params(train_dir, max_steps=6, **overrides))
     # Without run_summary.json the variable's name still points at the flag.
     os.remove(os.path.join(train_dir, train_dir_util.RUN_SUMMARY))
     with self.assertRaisesRegex(checkpoints.CheckpointError,
                                 "--optimizer probably differs"):
-      train_lib.train(_params(train_dir, max_steps=2, optimizer="adam"))
+      train_lib.train(_params(train_dir, max_steps=6, optimizer="adam"))
 
   def testAdamRunOfAnOlderTrainerResumes(self):
     # Until the trainer shared the wrapper's step, Adam's beta powers were
@@ -423,8 +432,11 @@ class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     finally:
       lib.kill_and_reap(first)  # SIGKILL: no clean-up of its lock.
     self.assertEqual(first.returncode, -signal.SIGKILL)
-    third = lib.run_trainer(_args(train_dir, "--max_steps=2"))
-    self.assertEqual(third.returncode, 0, third.stderr)
+    # Its lock is free: a run takes it (in-process: `train_lib.train` takes
+    # the lock as //:train does) and finishes.
+    summary = train_lib.train(_params(train_dir, batch_size=4, max_steps=2))
+    self.assertEqual(summary["exit_reason"], "max_steps")
+    self.assertEqual(summary["global_step"], 2)
 
   def testNonEmptyDirectoryWithoutARunIsRefused(self):
     foreign = os.path.join(self.get_temp_dir(), "home")

@@ -5,7 +5,8 @@ checkpoint_rollback_test.py and is SIGKILLed the moment the streak that
 triggers the rollback is complete (the log reports its last skip, in the
 same hook round as the rollback): whether the kill lands before, during or
 after the restore, every listed checkpoint stays complete, finite and
-consistent, and the restart resumes from the latest of them and ends with
+consistent, and the restart resumes from the latest of them (SIGKILLed
+again once a checkpoint holds the rollback, and resumed again) and ends with
 the counts of an uninterrupted run. In a cluster, and with a bad value, the
 flag is refused in one line.
 """
@@ -44,13 +45,13 @@ class SigkillAtRollbackTest(tf.test.TestCase):
       self.assertLessEqual(int(values["rollbacks"]), 1, path)
     return [int(values["global_step"]) for _, values in checked]
 
-  def _kill_and_resume(self, last_line):
-    """SIGKILLs the run once `last_line` is logged, then resumes it.
+  def _kill_at(self, train_dir, last_line):
+    """Starts (or resumes) the run; SIGKILLs it once `last_line` is logged.
 
     Returns:
-      The rollbacks the latest checkpoint held at the kill.
+      (its log, the steps of the listed checkpoints after the kill, the
+      rollbacks the latest of them holds).
     """
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     log = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "run.log")
     process = lib.start_trainer(_args(train_dir), log)
     try:
@@ -60,23 +61,41 @@ class SigkillAtRollbackTest(tf.test.TestCase):
       lib.send(process, signal.SIGSTOP)
     finally:
       lib.kill_and_reap(process)
-    self.assertEqual(process.returncode, -signal.SIGKILL, lib.read_text(log))
+    text = lib.read_text(log)
+    self.assertEqual(process.returncode, -signal.SIGKILL, text)
     steps = self.assertConsistentCheckpoints(train_dir)
     self.assertNotEmpty(steps)
     done = int(train_dir_util.checkpoint_values(
         train_dir_util.latest_checkpoint(train_dir))["rollbacks"])
-    logging.info("killed with model.ckpt-%d latest, holding %d rollback(s)",
-                 steps[-1], done)
+    logging.info("killed at %r with model.ckpt-%d latest, holding %d "
+                 "rollback(s)", last_line, steps[-1], done)
+    return text, steps, done
 
+  def assertResumedFrom(self, log, train_dir, step, done):
+    """`log`'s run restored model.ckpt-`step` and rolled back again only if
+    that checkpoint (holding `done` rollbacks) did not hold the rollback."""
+    restored = re.findall(r"Restoring parameters from (\S+)", log)
+    self.assertEqual(restored[0],
+                     os.path.join(train_dir, "model.ckpt-%d" % step))
+    self.assertLen(re.findall("rolled back at step", log), 1 - done)
+
+  def testSigkillAtAndAfterTheRollbackThenResumeToMaxSteps(self):
+    # One run, killed twice, proves both kills: at the streak's last skip
+    # (the rollback is about to run, or running), and once the rollback was
+    # checkpointed (model.ckpt-25, written before step 24's report).
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    _, steps, done = self._kill_at(train_dir, "skipped step 23:")
+    if not done:  # Killed before model.ckpt-25: the usual case.
+      log, after, done_after = self._kill_at(train_dir, "skipped step 25:")
+      # A rollback the latest checkpoint does not hold happens again.
+      self.assertResumedFrom(log, train_dir, steps[-1], done)
+      self.assertEqual(done_after, 1)
+      self.assertGreaterEqual(after[-1], steps[-1])
+      steps, done = after, done_after
     result = lib.run_trainer(_args(train_dir))
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
-    restored = re.findall(r"Restoring parameters from (\S+)", result.stderr)
-    self.assertEqual(restored[0],
-                     os.path.join(train_dir, "model.ckpt-%d" % steps[-1]))
-    # A rollback the latest checkpoint does not hold happens again.
-    self.assertLen(re.findall("rolled back at step", result.stderr),
-                   1 - done)
+    self.assertResumedFrom(result.stderr, train_dir, steps[-1], done)
     summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(
@@ -86,15 +105,6 @@ class SigkillAtRollbackTest(tf.test.TestCase):
     final = self.assertConsistentCheckpoints(train_dir)
     self.assertEqual(final[-1], 40)
     self.assertGreaterEqual(final[-1], steps[-1])
-    return done
-
-  def testSigkillAtTheRollbackThenResumeToMaxSteps(self):
-    # The streak's last skip: the rollback is about to run, or running.
-    self._kill_and_resume("skipped step 23:")
-
-  def testSigkillAfterTheRollbackWasCheckpointed(self):
-    # model.ckpt-25 (written before step 24's report) holds the rollback.
-    self.assertEqual(self._kill_and_resume("skipped step 25:"), 1)
 
 
 class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
@@ -107,7 +117,7 @@ class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
             "train", "--train_dir=" + train_dir,
             "--on_persistent_skips=rollback", "--ps_hosts=127.0.0.1:1",
             "--worker_hosts=127.0.0.1:2", "--job_name=" + job,
-            "--task_index=0")
+            "--task_index=0", no_tensorflow=True)  # Refused before it.
         self.assertOneLineError(
             result, "--on_persistent_skips=rollback runs on one machine only",
             "parameter servers", exit_code=2)
@@ -122,6 +132,17 @@ class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
         result, "gave up after 4 consecutive skipped steps at step 28 "
         "(--max_consecutive_skips=4); no rollback: --max_rollbacks=1 used up",
         exit_code=1)
+    # What the run left (checkpoint_rollback_test runs no copy of it):
+    # rolled back after step 23, then four more skips (24-27).
+    summary = train_dir_util.read_run_summary(train_dir)
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertEqual(summary["global_step"], 28)
+    self.assertLen(summary["rollbacks"], 1)
+    self.assertEqual(summary["rollbacks"][0]["rollbacks_left"], 0)
+    self.assertEqual(summary["rollback_refused"],
+                     "no rollback: --max_rollbacks=1 used up")
+    self.assertEqual(summary["learning_rate_multiplier"], 1.0)
+    train_dir_util.assert_rollback_checkpoints(self, train_dir)
 
   def testBadValueIsOneLine(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())

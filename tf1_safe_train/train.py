@@ -114,7 +114,7 @@ def _preflight(cluster):
     preflight.check(make_params(FLAGS, gpus),
                     cluster.num_workers if cluster else None)
   except (params_lib.ParamsError, injection_spec.InjectionSpecError,
-          train_dir_lib.TrainDirError) as e:
+          train_dir_lib.TrainDirError, preflight.DataError) as e:
     cli.fail(_PROGRAM, e)
 
 

@@ -41,6 +41,7 @@ from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import checkpoint_rollback_target
 from tf1_safe_train.trainer import checkpoint_rollback_window
+from tf1_safe_train.trainer import one_machine_only
 from tf1_safe_train.trainer import tower_input
 
 tf1 = tf.compat.v1
@@ -73,18 +74,9 @@ def model_fault(hook, forensics_hook):
 
 
 def refusal_in_cluster(params):
-  """Why --on_persistent_skips=rollback cannot run in a cluster (one line).
-
-  The model lives on the parameter servers: one worker restoring a
-  checkpoint would overwrite it behind the other workers, which keep
-  training on it. Pausing every worker is not implemented, so it is refused.
-  """
-  if params.on_persistent_skips != "rollback":
-    return None
-  return ("--on_persistent_skips=rollback runs on one machine only: in a "
-          "cluster a worker's restore would overwrite the parameter servers' "
-          "live state behind the other workers; use "
-          "--on_persistent_skips=stop")
+  """Why --on_persistent_skips=rollback cannot run in a cluster (one line),
+  or None: `one_machine_only.rollback_refusal`."""
+  return one_machine_only.rollback_refusal(params)
 
 
 def give_up_hook(params, streak, step):

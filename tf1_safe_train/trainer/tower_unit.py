@@ -11,6 +11,7 @@ import math
 import tensorflow as tf
 
 from tf1_safe_train.core import spikes
+from tf1_safe_train.trainer import one_machine_only
 
 tf1 = tf.compat.v1
 
@@ -23,17 +24,9 @@ def min_healthy(requested, num_towers):
 
 
 def refusal_in_cluster(params):
-  """Why --skip_unit=tower cannot run in a cluster (one line), or None.
-
-  A sync chief averages the workers' aggregate and an async worker applies
-  on the parameter servers: neither sees the towers of the other workers to
-  leave one out, and leaving out one worker's own tower would hide it from
-  the others' decision. Refused rather than half done.
-  """
-  if params.skip_unit != "tower":
-    return None
-  return ("--skip_unit=tower runs on one machine only: in a cluster the "
-          "decision does not see every worker's towers; use --skip_unit=step")
+  """Why --skip_unit=tower cannot run in a cluster (one line), or None:
+  `one_machine_only.tower_unit_refusal`."""
+  return one_machine_only.tower_unit_refusal(params)
 
 
 class TowerUnit(object):
