@@ -7,9 +7,9 @@ that every batch fails on these weights, so the run stops at once (exit 1,
 one line naming the checkpoint written before the last applied step) and
 excludes nothing but the examples whose input held NaN (an input drill at
 step 1); a restart (in process, on a copy) excludes exactly those;
-`//:eval` refuses the wrecked weights; and without replays, pruning during the skip streak keeps the
-checkpoint before it, which the give-up line names (docs/forensics.md,
-docs/checkpoints.md).
+`//:eval` refuses the wrecked weights; and without replays, pruning during
+the skip streak keeps the checkpoint before it, which the give-up line
+names (docs/forensics.md, docs/checkpoints.md).
 """
 
 import json
