@@ -85,17 +85,28 @@ class InProcessClusterTest(tf.test.TestCase):
 
 
 # A stand-in task for the launcher's tests: says hello on both streams, then
-# does what its `<job><index>=<action>` argument says (default: wait).
+# does what its `<job><index>=<action>` argument says (default: wait). An
+# exiting task first waits until every task has said hello (a file each in
+# the `barrier=<dir>` argument's directory), not for a fixed time, which a
+# loaded machine outlasted.
 _FAKE_TASK = r"""
 import json, os, sys, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
 name = "%s%d" % (task["type"], task["index"])
 print("hello from " + name, flush=True)
 print("stderr of " + name, file=sys.stderr, flush=True)
 actions = dict(a.split("=") for a in sys.argv[1:] if "=" in a)
+barrier = actions.get("barrier")
+if barrier:
+  open(os.path.join(barrier, name), "w").close()
 action = actions.get(name, "wait")
 if action.startswith("exit"):
-  time.sleep(0.3)
+  tasks = sum(len(hosts) for hosts in config["cluster"].values())
+  deadline = time.time() + 120
+  while barrier and len(os.listdir(barrier)) < tasks and (
+      time.time() < deadline):
+    time.sleep(0.05)
   sys.exit(int(action[4:]))
 time.sleep(300)
 """
@@ -106,8 +117,10 @@ class LocalClusterLauncherTest(tf.test.TestCase):
 
   def _launcher(self, marker, *actions, **kwargs):
     self._out, self._err = _Lines(), _Lines()
+    barrier = tempfile.mkdtemp(dir=self.get_temp_dir())
     return local_cluster_lib.LocalCluster(
-        1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker],
+        1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker,
+                                   "barrier=" + barrier],
         list(actions), out=self._out, err=self._err, **kwargs)
 
   def _run(self, launcher, marker):
