@@ -46,9 +46,9 @@ class InProcessClusterTest(tf.test.TestCase):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     params = params_lib.TrainParams(
         train_dir=train_dir, model="resnet20", num_towers=1, device="cpu",
-        batch_size=4, max_steps=8, save_checkpoints_steps=1,
+        batch_size=4, max_steps=4, save_checkpoints_steps=1,
         save_summaries_steps=1000, log_every_n_steps=4, sync_replicas=sync,
-        inject_into="input", inject_nonfinite="nan@4-5",
+        inject_into="input", inject_nonfinite="nan@1-2",
         max_consecutive_skips=0).validate()
     cluster = local_cluster_lib.make_cluster(num_ps=1, num_workers=1)
     ps = threading.Thread(target=replicas.serve_parameter_server,
@@ -64,9 +64,9 @@ class InProcessClusterTest(tf.test.TestCase):
   def _assertStatisticsUnchangedOnSkippedSteps(self, sync):
     train_dir, summary = self._train(sync)
     self.assertEqual((summary["global_step"], summary["skipped_steps"],
-                      summary["applied_steps"]), (8, 2, 6))
+                      summary["applied_steps"]), (4, 2, 2))
     path = os.path.join(train_dir, "model.ckpt-%d")
-    before, after, applied = (train_dir_util.checkpoint_values(path % s) for s in (4, 6, 7))
+    before, after, applied = (train_dir_util.checkpoint_values(path % s) for s in (1, 3, 4))
     # NaN images poison the forward pass, so tower 0's moving statistics
     # would be NaN: they are applied with the decision, not before it.
     self.assertEqual(set(_changed(before, after)) - _COUNTERS, set())
@@ -85,17 +85,28 @@ class InProcessClusterTest(tf.test.TestCase):
 
 
 # A stand-in task for the launcher's tests: says hello on both streams, then
-# does what its `<job><index>=<action>` argument says (default: wait).
+# does what its `<job><index>=<action>` argument says (default: wait). An
+# exiting task first waits until every task has said hello (a file each in
+# the `barrier=<dir>` argument's directory), not for a fixed time, which a
+# loaded machine outlasted.
 _FAKE_TASK = r"""
 import json, os, sys, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
 name = "%s%d" % (task["type"], task["index"])
 print("hello from " + name, flush=True)
 print("stderr of " + name, file=sys.stderr, flush=True)
 actions = dict(a.split("=") for a in sys.argv[1:] if "=" in a)
+barrier = actions.get("barrier")
+if barrier:
+  open(os.path.join(barrier, name), "w").close()
 action = actions.get(name, "wait")
 if action.startswith("exit"):
-  time.sleep(0.3)
+  tasks = sum(len(hosts) for hosts in config["cluster"].values())
+  deadline = time.time() + 120
+  while barrier and len(os.listdir(barrier)) < tasks and (
+      time.time() < deadline):
+    time.sleep(0.05)
   sys.exit(int(action[4:]))
 time.sleep(300)
 """
@@ -106,8 +117,10 @@ class LocalClusterLauncherTest(tf.test.TestCase):
 
   def _launcher(self, marker, *actions, **kwargs):
     self._out, self._err = _Lines(), _Lines()
+    barrier = tempfile.mkdtemp(dir=self.get_temp_dir())
     return local_cluster_lib.LocalCluster(
-        1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker],
+        1, 2, lambda unused_task: [sys.executable, "-c", _FAKE_TASK, marker,
+                                   "barrier=" + barrier],
         list(actions), out=self._out, err=self._err, **kwargs)
 
   def _run(self, launcher, marker):

@@ -183,9 +183,12 @@ class WorkerGraphTest(tf.test.TestCase):
       devices = set(v.device for v in tf1.global_variables())
     self.assertEqual(devices, {"/job:ps/task:0", "/job:ps/task:1"})
 
-  def testChiefsApplyRunsNoForwardPass(self):
+  def testChiefsApplyRunsNoForwardPassAndStatisticsTravelWithTheGradients(
+      self):
+    # One sync build (the chief's) proves both claims.
     with tf.Graph().as_default():
-      _, strategy = self._build(sync_replicas=True, task_index=0)
+      step, strategy = self._build(sync_replicas=True, task_index=0)
+      names = step.report.variable_names
       runner = strategy.sync_optimizer.get_chief_queue_runner()
       seen, stack = set(), [op for op in runner.enqueue_ops]
       while stack:
@@ -200,11 +203,7 @@ class WorkerGraphTest(tf.test.TestCase):
     forward = [op.name for op in seen if op.name.startswith("tower_") or
                op.type == "IteratorGetNext"]
     self.assertEqual(forward, [])
-
-  def testStatisticsTravelWithTheGradients(self):
-    with tf.Graph().as_default():
-      step, _ = self._build(sync_replicas=True)
-      names = step.report.variable_names
+    # The statistics travel with the gradients.
     self.assertIn("resnet20/initial/bn/moving_mean", names)
     self.assertIn("resnet20/initial/bn/moving_variance", names)
     self.assertIn("resnet20/initial/conv/weights", names)

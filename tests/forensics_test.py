@@ -110,10 +110,23 @@ class ForensicsTest(tf.test.TestCase):
     self.assertTrue(record["weaker"])
     self.assertNotIn("other", record)  # No other tower to replay on.
 
-  def testReplaysAreRateLimitedButEverySkipIsRecorded(self):
+  def testReplaysAreRateLimitedButEverySkipIsRecordedBeforeACheckpoint(self):
+    # One run proves both: every skip leaves a record (only the first is
+    # replayed), and each record is appended before a checkpoint covers it.
     train_dir = self._dir("limit")
-    summary = train_lib.train(_params(train_dir, max_explained_skips=1,
-                                      inject_nonfinite="nan@1-2:0"))
+    seen = []
+    save = checkpoints.FiniteSaver.save
+
+    def recording_save(saver, sess, save_path, global_step=None, **kwargs):
+      step = int(sess.run(global_step) if tf.is_tensor(global_step)
+                 else global_step)
+      seen.append((step, [r["step"] for r in skip_log.read_all(train_dir)]))
+      return save(saver, sess, save_path, global_step=global_step, **kwargs)
+
+    with mock.patch.object(checkpoints.FiniteSaver, "save", recording_save):
+      summary = train_lib.train(_params(train_dir, max_explained_skips=1,
+                                        save_checkpoints_steps=1,
+                                        inject_nonfinite="nan@1-2:0"))
     records = skip_log.read_all(train_dir)
     self.assertEqual([r["step"] for r in records], [1, 2])
     self.assertIn("replay", records[0])
@@ -124,6 +137,11 @@ class ForensicsTest(tf.test.TestCase):
                      ["step-1-1"])
     self.assertEqual(summary["forensics"]["skip_records"], 2)
     self.assertEqual(summary["forensics"]["explained_skips"], 1)
+    # A checkpoint of step S covers the skips of steps below S: their
+    # records (replayed or not) were already there when it was written.
+    self.assertEqual([step for step, _ in seen if step > 1], [2, 3, 4])
+    for step, recorded in seen:
+      self.assertEqual(recorded, [s for s in (1, 2) if s < step], step)
 
   def testFp16ReplaysOnlySkipsAtTheFloorScaleWithTheScaleTheStepUsed(self):
     train_dir = self._dir("fp16")
@@ -139,25 +157,6 @@ class ForensicsTest(tf.test.TestCase):
       self.assertNotIn("replay", record)
     self.assertEqual(records[2]["verdict"],
                      "not reproducible: suspect /device:CPU:0")
-
-  def testRecordIsAppendedBeforeACheckpointCoversItsStep(self):
-    train_dir = self._dir("order")
-    seen = []
-    save = checkpoints.FiniteSaver.save
-
-    def recording_save(saver, sess, save_path, global_step=None, **kwargs):
-      step = int(sess.run(global_step) if tf.is_tensor(global_step)
-                 else global_step)
-      seen.append((step, [r["step"] for r in skip_log.read_all(train_dir)]))
-      return save(saver, sess, save_path, global_step=global_step, **kwargs)
-
-    with mock.patch.object(checkpoints.FiniteSaver, "save", recording_save):
-      train_lib.train(_params(train_dir, save_checkpoints_steps=1,
-                              inject_nonfinite="nan@1:0"))
-    covering = [recorded for step, recorded in seen if step > 1]
-    self.assertNotEmpty(covering)
-    for recorded in covering:
-      self.assertEqual(recorded, [1])
 
 
 if __name__ == "__main__":

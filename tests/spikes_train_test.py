@@ -78,7 +78,7 @@ class SpikesTrainTest(tf.test.TestCase):
     self.assertEmpty(set(exclusion.excluded(train_dir)[0]) & set(
         spike["towers"][1]["example_ids"]))
 
-  def testWithoutTheOptionTheSameDrillIsAppliedAndHurts(self):
+  def testWithoutTheOptionTheDrillHurtsAndAResumeWithItWarmsUp(self):
     train_dir = self._train_dir("off")
     summary = train_lib.train(_params(train_dir, inject_nonfinite=_DRILL))
     self.assertEqual((summary["skipped_steps"], summary["nonfinite_skips"],
@@ -87,6 +87,14 @@ class SpikesTrainTest(tf.test.TestCase):
     # The graph is the one without the option: no spike state saved.
     self.assertEmpty([name for name in train_dir_util.checkpoint_values(
         train_dir) if "spike" in name])
+    # That checkpoint (written without the option) resumes with it.
+    second = train_lib.train(_params(train_dir, max_steps=16,
+                                     skip_spikes_sigma=6.0))
+    self.assertEqual(second["steps_this_run"], 4)
+    self.assertEqual((second["applied_steps"], second["nonfinite_skips"],
+                      second["spike_skips"]), (15, 1, 0))
+    values = train_dir_util.checkpoint_values(train_dir)
+    self.assertEqual(values["spike_stats/applied"], 4)  # Warming up again.
 
   def testStreakOfSpikesRewarmsInsteadOfGivingUp(self):
     train_dir = self._train_dir("streak")
@@ -101,19 +109,6 @@ class SpikesTrainTest(tf.test.TestCase):
     self.assertIn("re-warms", lines[2])
     self.assertEqual(train_dir_util.checkpoint_values(train_dir)[
         "spike_stats/rewarms"], 1)
-
-  def testResumesACheckpointWrittenWithoutTheOption(self):
-    train_dir = self._train_dir("resume")
-    first = train_lib.train(_params(train_dir, max_steps=4,
-                                    inject_nonfinite="nan@1:0"))
-    self.assertEqual(first["skipped_steps"], 1)
-    second = train_lib.train(_params(train_dir, max_steps=8,
-                                     skip_spikes_sigma=6.0))
-    self.assertEqual(second["steps_this_run"], 4)
-    self.assertEqual((second["applied_steps"], second["nonfinite_skips"],
-                      second["spike_skips"]), (7, 1, 0))
-    values = train_dir_util.checkpoint_values(train_dir)
-    self.assertEqual(values["spike_stats/applied"], 4)  # Warming up again.
 
   def testDryRunSkipsNothingAndReportsTheWouldBeSkip(self):
     train_dir = self._train_dir("dry_run")

@@ -28,18 +28,19 @@ _INF, _NAN = float("inf"), float("nan")
 
 
 def _gradient_model(values):
-  """A model whose gradients are set per tower by `values`.
+  """A model whose gradients are set per tower by the tensor `values`.
 
   `values[i]` is (dense, sparse): tower i's gradient of the dense variable
   `model/w` is `dense` everywhere, and the gathered rows of the embedding
-  `model/emb` (an `IndexedSlices` gradient, rows 0 and 1) get `sparse`.
+  `model/emb` (an `IndexedSlices` gradient, rows 0 and 1) get `sparse`. A
+  tensor (fed per run), so one graph serves every case of a tower count.
   """
 
   def model_fn(images, is_training, num_classes):
     del is_training
     scope = tf1.get_default_graph().get_name_scope()
     tower = int(re.match(r"tower_(\d+)", scope).group(1))
-    dense, sparse = values[tower]
+    dense, sparse = values[tower, 0], values[tower, 1]
 
     def fixed(value):
       @tf.custom_gradient
@@ -65,33 +66,61 @@ def _dataset(unused_batch_size, unused_seed):
   return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
+class _Trainer(object):
+  """The trainer's step for one tower count, built once, in its session."""
+
+  def __init__(self, num_towers):
+    params = params_lib.TrainParams(
+        num_towers=num_towers, device="cpu", batch_size=2, optimizer="sgd",
+        weight_decay=0.0).validate()
+    config = towers.TowerConfig(num_towers, "cpu")
+    with tf.Graph().as_default() as graph:
+      self.values = tf1.placeholder(tf.float32, [num_towers, 2])
+      with mock.patch.object(train_step.models, "get_model",
+                             lambda unused_name: _gradient_model(
+                                 self.values)):
+        step = train_step.build_step(
+            params, local_replication.Local(params, config),
+            dataset_fn=_dataset)
+      self.report = step.report
+      self.fetches = {"step": step.step_index, "applied": step.applied,
+                      "towers": self.report.tower_flags,
+                      "average": self.report.average_flags,
+                      "train": step.train_op}
+      self.init = tf1.global_variables_initializer()
+    graph.finalize()
+    self.session = tf1.Session(graph=graph,
+                               config=towers.session_config(config))
+
+  def skip_report(self, values):
+    # Every case starts from fresh variables (step 0), as a new graph did.
+    self.session.run(self.init)
+    out = self.session.run(self.fetches, {self.values: values})
+    if out["applied"]:
+      return None
+    return hooks.describe_skip(out["step"], out["towers"], out["average"],
+                               self.report.variable_names,
+                               self.report.tower_devices)
+
+
+_TRAINERS = {}
+
+
 def _skip_report(values):
   """Runs one step of the trainer; returns its skip report line or None."""
-  num_towers = len(values)
-  params = params_lib.TrainParams(
-      num_towers=num_towers, device="cpu", batch_size=2, optimizer="sgd",
-      weight_decay=0.0).validate()
-  config = towers.TowerConfig(num_towers, "cpu")
-  with tf.Graph().as_default():
-    with mock.patch.object(train_step.models, "get_model",
-                           lambda unused_name: _gradient_model(values)):
-      step = train_step.build_step(
-          params, local_replication.Local(params, config),
-          dataset_fn=_dataset)
-    report = step.report
-    with tf1.Session(config=towers.session_config(config)) as sess:
-      sess.run(tf1.global_variables_initializer())
-      out = sess.run({"step": step.step_index, "applied": step.applied,
-                      "towers": report.tower_flags,
-                      "average": report.average_flags,
-                      "train": step.train_op})
-  if out["applied"]:
-    return None
-  return hooks.describe_skip(out["step"], out["towers"], out["average"],
-                             report.variable_names, report.tower_devices)
+  if len(values) not in _TRAINERS:
+    _TRAINERS[len(values)] = _Trainer(len(values))
+  return _TRAINERS[len(values)].skip_report(values)
 
 
 class SkipReportTest(parameterized.TestCase):
+
+  @classmethod
+  def tearDownClass(cls):
+    for trainer in _TRAINERS.values():
+      trainer.session.close()
+    _TRAINERS.clear()
+    super().tearDownClass()
 
   def testGoodStepHasNoReport(self):
     self.assertIsNone(_skip_report([(1.0, 1.0), (2.0, 2.0)]))

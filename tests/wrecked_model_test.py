@@ -6,21 +6,24 @@ non-finite. Through the binaries, as a user runs them: the replays find
 that every batch fails on these weights, so the run stops at once (exit 1,
 one line naming the checkpoint written before the last applied step) and
 excludes nothing but the examples whose input held NaN (an input drill at
-step 1); a restart excludes exactly those; `//:eval` refuses the wrecked
-weights; and without replays, pruning during the skip streak keeps the
-checkpoint before it, which the give-up line names (docs/forensics.md,
-docs/checkpoints.md).
+step 1); a restart (in process, on a copy) excludes exactly those;
+`//:eval` refuses the wrecked weights; and without replays, pruning during
+the skip streak keeps the checkpoint before it, which the give-up line
+names (docs/forensics.md, docs/checkpoints.md).
 """
 
 import json
 import os
+import shutil
 import tempfile
 
 import tensorflow as tf
 
 import binaries
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import replay_lib
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 
@@ -76,17 +79,25 @@ class WreckedModelTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         os.path.join(self.train_dir, "model.ckpt-0.index")))
 
   def testRestartExcludesExactlyTheNonFiniteInput(self):
-    result = binaries.run("train", "--train_dir=" + self.train_dir,
-                          "--learning_rate=0.01", *_FLAGS)
+    # In process, on a copy: the stop's one error line is the first run's.
+    train_dir = os.path.join(self.root, "restarted")
+    shutil.copytree(self.train_dir, train_dir, symlinks=True)
+    params = params_lib.TrainParams(
+        train_dir=train_dir, num_towers=2, device="cpu", model="small_cnn",
+        batch_size=8, optimizer="sgd", learning_rate=0.01, max_steps=30,
+        save_checkpoints_steps=2, save_summaries_steps=1000,
+        log_every_n_steps=1000).validate()
+    with self.assertLogs(level="INFO") as logs:
+      summary = train_lib.train(params)
     # The weights are still wrecked: the restart stops the same way.
-    self.assertOneLineError(result, replay_lib.MODEL, exit_code=1)
+    self.assertEqual(summary["exit_reason"], "model_fault")
     self.assertIn("not feeding 8 examples again (8 nonfinite input",
-                  result.stderr)
-    excluded = _summary(self.train_dir)["forensics"]["excluded_examples"]
+                  "\n".join(logs.output))
+    excluded = _summary(train_dir)["forensics"]["excluded_examples"]
     self.assertEqual(excluded["count"], 8)
     self.assertEqual(excluded["by_reason"], {"nonfinite_input": 8})
     self.assertEqual(excluded["steps"], [{"step": 1, "worker": 0}])
-    records = skip_log.read_all(self.train_dir)
+    records = skip_log.read_all(train_dir)
     self.assertEqual([r["verdict"] for r in records[2:]], [replay_lib.MODEL])
     self.assertEqual(records[2]["evidence"],
                      "every tower's batch of the step failed")
