@@ -7,8 +7,9 @@ checkpoint's temporary file appears, and killed only if the write is still
 in progress). After every kill, each checkpoint the `checkpoint` file lists
 must be complete, finite and hold the exact counters of its step, and the
 latest step never goes backwards; the next run resumes from it. A last run
-finishes at --max_steps with the exact counters of an uninterrupted run, and
-a run restored at --max_steps (a rerun, or a crash after the final checkpoint)
+(in-process, as is its rerun: resuming is the library's) finishes at
+--max_steps with the exact counters of an uninterrupted run, and a run
+restored at --max_steps (a rerun, or a crash after the final checkpoint)
 trains no further.
 """
 
@@ -57,6 +58,16 @@ def _args(train_dir):
       "--inject_nonfinite=" + _SPEC, "--inject_into=grads",
       "--max_consecutive_skips=0", "--seed=%d" % _SEED,
   ]
+
+
+def _params(train_dir):
+  """`_args` as params, for the runs made in-process."""
+  return params_lib.TrainParams(
+      train_dir=train_dir, num_towers=_NUM_TOWERS, device="cpu",
+      batch_size=4, max_steps=_MAX_STEPS,
+      save_checkpoints_steps=_CHECKPOINT_EVERY, save_summaries_steps=1000,
+      log_every_n_steps=1, inject_nonfinite=_SPEC, inject_into="grads",
+      max_consecutive_skips=0, seed=_SEED).validate()
 
 
 def _writes_in_progress(train_dir):
@@ -178,9 +189,9 @@ class CrashResumeTest(tf.test.TestCase):
     self.assertLess(latest, _MAX_STEPS, "the kills came too late: %s" %
                     history)
 
-    result = lib.run_trainer(_args(train_dir))
-    self.assertEqual(result.returncode, 0, result.stderr)
-    self.assertNotIn("Traceback", result.stderr)
+    # The last run and its rerun, in-process (the same flags as params):
+    # resuming is the library's; the kills above are the binary's.
+    first = train_lib.train(_params(train_dir))
     summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(summary["steps_this_run"], _MAX_STEPS - latest)
@@ -192,45 +203,23 @@ class CrashResumeTest(tf.test.TestCase):
                      len(drill.poisoned(0, _MAX_STEPS)[1]))
     steps = self.assertCheckpointsSound(train_dir, drill, "final")
     self.assertEqual(steps[-1], _MAX_STEPS)
+    self._check_rerun_of_finished_run(train_dir, drill, first)
 
-
-class RerunFinishedRunTest(tf.test.TestCase):
-  """A run restored at --max_steps (a rerun, or a crash after the end)."""
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    # One run, then its rerun: both tests read them.
-    cls.train_dir = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
-    params = params_lib.TrainParams(
-        train_dir=cls.train_dir, num_towers=2, device="cpu", batch_size=2,
-        max_steps=3, save_checkpoints_steps=1000, save_summaries_steps=1000,
-        log_every_n_steps=1000, inject_nonfinite="nan@1:0").validate()
-    cls.first = train_lib.train(params)
-    cls.second = train_lib.train(params)
-
-  def _run_twice(self):
-    self.assertEqual(self.first["global_step"], 3)
-    return self.train_dir, self.first, self.second
-
-  # Regression test (fixed in tf1_safe_train/trainer/train_lib.py, train): it
-  # stops with tf1.train.StopAtStepHook, which decides only after a step, so a
-  # run restored at --max_steps trains one more step (global_step 4 here, +1
-  # per rerun). Fix: use hooks.StopAtStepHook(params.max_steps) instead.
-  def testRerunOfFinishedRunTrainsNoStep(self):
-    train_dir, _, _ = self._run_twice()
+  def _check_rerun_of_finished_run(self, train_dir, drill, first):
+    """A run restored at --max_steps (a rerun, or a crash after the end)."""
+    second = train_lib.train(_params(train_dir))
+    # Regression test (fixed in tf1_safe_train/trainer/train_lib.py, train):
+    # it stopped with tf1.train.StopAtStepHook, which decides only after a
+    # step, so a run restored at --max_steps trained one more step (+1 per
+    # rerun). Fix: hooks.StopAtStepHook(params.max_steps) instead.
     values = train_dir_util.checkpoint_values(
         train_dir_util.latest_checkpoint(train_dir))
-    self.assertEqual(int(values["global_step"]), 3)
-    self.assertEqual(int(values["applied_steps"]), 2)
-
-  # Regression test (fixed in tf1_safe_train/trainer/train_lib.py,
-  # _run_summary): when no step runs it writes {"global_step": null} without
-  # counters over the finished run's summary (and today a step does run, see
-  # above). Fix: report the restored checkpoint's counters (read them from the
-  # session at creation, or from the latest checkpoint) with steps_this_run 0.
-  def testRerunOfFinishedRunKeepsSummaryCounters(self):
-    _, first, second = self._run_twice()
+    self.assertEqual(lib.checkpoint_counters(values),
+                     drill.expected_counters(_MAX_STEPS))
+    # Regression test (fixed in tf1_safe_train/trainer/train_lib.py,
+    # _run_summary): when no step ran it wrote {"global_step": null} without
+    # counters over the finished run's summary. Fix: the restored
+    # checkpoint's counters, with steps_this_run 0.
     self.assertEqual(second["exit_reason"], "max_steps")
     self.assertEqual(lib.summary_counters(second), lib.summary_counters(first))
     self.assertEqual(second["steps_this_run"], 0)

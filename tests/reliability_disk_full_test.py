@@ -29,7 +29,7 @@ _NO_SPACE = os.strerror(errno.ENOSPC)
 class DiskFullTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
 
   # Regression test (issue 23, 4): on a 20 MB train_dir the second
-  # checkpoint (14 MB) does not fit: `train: error: out of memory
+  # checkpoint (14 MB; here at step 1) does not fit: `train: error: out of memory
   # (ResourceExhaustedError: ... No space left on device) ...; lower
   # --batch_size`. The saver's failure stays fatal, with one line saying
   # disk full and the file it could not write.
@@ -41,7 +41,7 @@ class DiskFullTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     train_dir = os.path.join(mount_point, "run")
     result = mount_namespace.run(binaries.command("train") + [
         "--train_dir=" + train_dir, "--num_towers=2", "--device=cpu",
-        "--batch_size=8", "--max_steps=30", "--save_checkpoints_steps=10",
+        "--batch_size=8", "--max_steps=3", "--save_checkpoints_steps=1",
         "--save_summaries_steps=1000"], tmpfs=("20m", mount_point),
                                  copy_out=(mount_point, copy))
     self.assertNotEqual(result.returncode, mount_namespace.SETUP_FAILED,

@@ -23,7 +23,9 @@ import tensorflow as tf
 import binaries
 import reliability_lib as lib
 import train_dir_util
+from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import stop_signals
+from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 
@@ -39,24 +41,8 @@ def _common_args(train_dir):
 
 class PersistentFaultTest(tf.test.TestCase):
 
-  def _give_up(self, first_bad_step, max_skips, extra_args, expect_names):
-    """Runs with a fault on every step from `first_bad_step`; checks the end."""
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    n, k = first_bad_step, max_skips
-    result = lib.run_trainer(_common_args(train_dir) + [
-        "--max_steps=1000", "--save_checkpoints_steps=%d" % n,
-        "--max_consecutive_skips=%d" % k, "--log_every_n_steps=1000",
-    ] + extra_args)
-    # One error line, last, naming the give-up; non-zero exit; no traceback.
-    self.assertEqual(result.returncode, 1, result.stderr)
-    self.assertNotIn("Traceback", result.stderr)
-    errors = binaries.error_lines(result.stderr)
-    self.assertLen(errors, 1, result.stderr)
-    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
-    self.assertStartsWith(errors[0], "train: error: gave up after %d "
-                          "consecutive skipped steps at step %d" % (k, n + k))
-    self.assertIn("--max_consecutive_skips=%d" % k, errors[0])
-
+  def _check_give_up(self, train_dir, n, k, expect_names):
+    """Checks what a run that gave up at step n + k left in `train_dir`."""
     summary = train_dir_util.read_run_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
     self.assertEqual(
@@ -83,21 +69,46 @@ class PersistentFaultTest(tf.test.TestCase):
       # Bit for bit: compare the bytes, not the values (NaN != NaN).
       self.assertEqual(value.tobytes(), state_before[name].tobytes(), name)
 
+  # The binary: one error line naming the give-up, exit code 1.
   def testSmallCnnMomentumGradsFaultOnTower1(self):
-    self._give_up(
-        10, 4, ["--inject_nonfinite=nan@10-:1", "--inject_into=grads",
-                "--optimizer=momentum"],
-        expect_names=["small_cnn/conv1/weights", "/Momentum"])
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    n, k = 10, 4
+    result = lib.run_trainer(_common_args(train_dir) + [
+        "--max_steps=1000", "--save_checkpoints_steps=%d" % n,
+        "--max_consecutive_skips=%d" % k, "--log_every_n_steps=1000",
+        "--inject_nonfinite=nan@10-:1", "--inject_into=grads",
+        "--optimizer=momentum"])
+    # One error line, last, naming the give-up; non-zero exit; no traceback.
+    self.assertEqual(result.returncode, 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    errors = binaries.error_lines(result.stderr)
+    self.assertLen(errors, 1, result.stderr)
+    self.assertEqual(binaries.our_lines(result.stderr)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: gave up after %d "
+                          "consecutive skipped steps at step %d" % (k, n + k))
+    self.assertIn("--max_consecutive_skips=%d" % k, errors[0])
+    self._check_give_up(train_dir, n, k,
+                        ["small_cnn/conv1/weights", "/Momentum"])
 
+  # The library (the binary's line and exit code are the test above's; its
+  # counts are the summary's, checked here): resnet20, for its batch norm.
+  # Tower 0's update ops write the batch-norm moving statistics; Adam has
+  # slots and beta powers; the EMA has shadows: none may move.
   def testResnetAdamEmaInputFaultOnTower0(self):
-    # Tower 0's update ops write the batch-norm moving statistics; Adam has
-    # slots and beta powers; the EMA has shadows: none may move.
-    self._give_up(
-        4, 3, ["--model=resnet20", "--inject_nonfinite=inf@4-:0",
-               "--inject_into=input", "--optimizer=adam",
-               "--moving_average_decay=0.99"],
-        expect_names=["moving_mean", "moving_variance", "/Adam",
-                      "beta1_power", "ExponentialMovingAverage"])
+    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    n, k = 4, 3
+    summary = train_lib.train(params_lib.TrainParams(
+        train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
+        save_summaries_steps=1000, seed=_SEED, max_steps=1000,
+        save_checkpoints_steps=n, max_consecutive_skips=k,
+        log_every_n_steps=1000, model="resnet20",
+        inject_nonfinite="inf@4-:0", inject_into="input", optimizer="adam",
+        moving_average_decay=0.99).validate())
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self._check_give_up(
+        train_dir, n, k,
+        ["moving_mean", "moving_variance", "/Adam", "beta1_power",
+         "ExponentialMovingAverage"])
 
 
 # `//:train`'s main with one more hook: at the third step it fetches a
@@ -335,10 +346,16 @@ class SignalTest(tf.test.TestCase):
     self.assertEqual(train_dir_util.nonfinite_entries(values), [])
     step = int(values["global_step"])
     self.assertGreaterEqual(step, 25)
-    result = lib.run_trainer(
-        [a for a in args if not a.startswith("--max_steps=")] +
-        ["--max_steps=%d" % (step + 2)])
-    self.assertEqual(result.returncode, 0, result.stderr)
+    # The rerun, in-process (the same flags as params): a resume is not the
+    # binary's (testSigtermThenCtrlC... resumes the binary).
+    rerun = train_lib.train(params_lib.TrainParams(
+        train_dir=train_dir, num_towers=2, device="cpu", batch_size=2,
+        save_summaries_steps=1000, seed=_SEED, max_steps=step + 2,
+        save_checkpoints_steps=5, log_every_n_steps=1,
+        inject_nonfinite="nan@20-25:0", max_consecutive_skips=4,
+        on_persistent_skips="rollback",
+        rollback_min_applied_steps=5).validate())
+    self.assertEqual(rerun["exit_reason"], "max_steps")
     self.assertEqual(
         train_dir_util.read_run_summary(train_dir)["steps_this_run"], 2)
 
