@@ -39,6 +39,20 @@ def _in_a_fresh_process(code, cwd):
   return forked_python.run_shared(code, cwd)
 
 
+def _main_in_a_fresh_process(name, args, cwd):
+  """Runs bench binary `name`'s module as `python -m bench.NAME ARGS` would,
+  in a forked process (forked_python): for what fails before the work, a
+  TensorFlow import cheaper than a binary's launch. The quick runs launch
+  the binaries themselves."""
+  code = "\n".join([
+      "import runpy, sys",
+      "sys.argv = %r" % ([name] + list(args)),
+      "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % (
+          "bench." + name),
+  ])
+  return _in_a_fresh_process(code, cwd)
+
+
 def tearDownModule():
   forked_python.close_shared()
 
@@ -50,7 +64,12 @@ class GuardOverheadTest(tf.test.TestCase):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run(
-        _binary("guard_overhead") + ["--quick", "--json_out=" + json_out],
+        # Flags win over the preset: a smaller batch, and one memory probe
+        # (the preset's two are BenchConfigTest's).
+        _binary("guard_overhead") + [
+            "--quick", "--batch_size=4",
+            "--memory_probe_variants=guarded_trainer_step",
+            "--json_out=" + json_out],
         capture_output=True, text=True, env=env, timeout=600, check=False)
     self.assertEqual(0, result.returncode, result.stderr[-3000:])
     with open(json_out) as f:
@@ -80,15 +99,15 @@ class GuardOverheadTest(tf.test.TestCase):
           self.assertIsNone(s["all_steps_applied"], where)
         else:
           self.assertTrue(s["all_steps_applied"], where)
-        # --quick probes the memory of the first model's plain and guarded
-        # trainer steps only (a process each).
-        if model == "small_cnn" and name in ("plain", "guarded_trainer_step"):
+        # --quick probes the memory of the first model only (a process per
+        # variant), here of its guarded trainer step.
+        if model == "small_cnn" and name == "guarded_trainer_step":
           self.assertGreater(s["peak_rss_mib"], 0, where)
           self.assertGreater(s["start_rss_mib"], 0, where)
         else:
           self.assertIsNone(s["peak_rss_mib"], where)
 
-    self.assertEqual(16, results["config"]["batch_size"])
+    self.assertEqual(4, results["config"]["batch_size"])
     self.assertGreater(results["machine"]["cpu_count"], 0)
     # The first-run check's Python cost per session.run: its own rows.
     run_check = results["run_check"]
@@ -105,11 +124,9 @@ class GuardOverheadTest(tf.test.TestCase):
     self.assertLen(rows, 2 * len(guard_overhead_lib.VARIANTS))
 
   def testRejectsAnUnknownModelInOneLine(self):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run(
-        _binary("guard_overhead") + ["--models=vgg16", "--json_out="],
-        capture_output=True, text=True, env=env, timeout=300, check=False)
+    result = _main_in_a_fresh_process(
+        "guard_overhead", ["--models=vgg16", "--json_out="],
+        self.get_temp_dir())
     self.assertNotEqual(0, result.returncode)
     self.assertNotIn("Traceback", result.stderr)
     self.assertIn("guard_overhead: error: unknown model 'vgg16'",
@@ -260,11 +277,9 @@ class CostGrowthTest(tf.test.TestCase):
     self.assertLen(rows, 2)
 
   def testRejectsBadTowerCountsInOneLine(self):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run(
-        _binary("cost_growth") + ["--num_towers=1,two", "--json_out="],
-        capture_output=True, text=True, env=env, timeout=300, check=False)
+    result = _main_in_a_fresh_process(
+        "cost_growth", ["--num_towers=1,two", "--json_out="],
+        self.get_temp_dir())
     self.assertNotEqual(0, result.returncode)
     self.assertNotIn("Traceback", result.stderr)
     self.assertIn("cost_growth: error: --num_towers must be a list of "
