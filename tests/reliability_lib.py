@@ -46,7 +46,15 @@ def start_trainer(args, log_path):
   with open(log_path, "ab") as log:
     return subprocess.Popen(binaries.command("train") + list(args),
                             stdout=log, stderr=subprocess.STDOUT,
-                            env=binaries.env(), start_new_session=True)
+                            env=binaries.env(), start_new_session=True,
+                            preexec_fn=_default_sigint)
+
+
+def _default_sigint():
+  # A shell starts a background job with SIGINT ignored, and an ignored
+  # signal stays ignored across exec: the trainer would never see the
+  # tests' Ctrl-C (as a terminal's Ctrl-C reaches a foreground run).
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def send(process, sig):
