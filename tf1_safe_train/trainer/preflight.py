@@ -73,9 +73,11 @@ def check(params, num_workers=None):
   """
   injection_spec.validate(injection_spec.parse_spec(params.inject_nonfinite),
                           params.num_towers, num_workers or 1)
-  if num_workers is not None and one_machine_only.refusal(params):
-    raise params_lib.ParamsError(one_machine_only.refusal(params))
-  if num_workers is None:
+  if num_workers is not None:
+    refusal = one_machine_only.refusal(params)
+    if refusal:
+      raise params_lib.ParamsError(refusal)
+  else:
     train_dir_lib.check(params.train_dir)
     if params.dataset == "cifar10":
       check_cifar10_train_files(params.data_dir)
