@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from tf1_safe_train import models
 from tf1_safe_train.models import layers
-from tf1_safe_train.models import resnet20
+from tf1_safe_train.models import resnet
 
 tf1 = tf.compat.v1
 
@@ -34,7 +34,7 @@ def _images(batch=2):
 class GetModelTest(tf.test.TestCase):
 
   def testReturnsEachModel(self):
-    self.assertEqual(models.MODEL_NAMES, ("resnet20", "small_cnn"))
+    self.assertEqual(models.MODEL_NAMES, ("resnet20", "resnet8", "small_cnn"))
     for name in models.MODEL_NAMES:
       self.assertTrue(callable(models.get_model(name)))
 
@@ -108,7 +108,7 @@ class Resnet20Test(tf.test.TestCase):
 
   def testLayerAndParameterCounts(self):
     with tf.Graph().as_default():
-      resnet20.resnet20(_images(), True)
+      resnet.resnet20(_images(), True)
       names = [v.op.name for v in tf1.trainable_variables()]
       convs = [n for n in names if n.endswith("/conv/weights")]
       self.assertLen(convs, 19)  # 1 + 3 stages x 3 blocks x 2.
@@ -122,29 +122,46 @@ class Resnet20Test(tf.test.TestCase):
 
   def testProjectionShortcutAddsTwoConvolutions(self):
     with tf.Graph().as_default():
-      logits = resnet20.resnet20(_images(), True, shortcut="B")
+      logits = resnet.resnet20(_images(), True, shortcut="B")
       self.assertEqual(logits.shape.as_list(), [2, 10])
       convs = [v for v in tf1.trainable_variables()
                if v.op.name.endswith("/conv/weights")]
       self.assertLen(convs, 21)
       with self.assertRaisesRegex(ValueError, "'C'"):
-        resnet20.resnet20(_images(), True, shortcut="C")
+        resnet.resnet20(_images(), True, shortcut="C")
 
   def testTrainingAddsTwoUpdateOpsPerBatchNorm(self):
     with tf.Graph().as_default():
-      resnet20.resnet20(_images(), True)
+      resnet.resnet20(_images(), True)
       self.assertLen(_update_ops(), 2 * 19)
       for i in range(2):
         with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
           with tf1.name_scope("tower_%d" % i):
-            resnet20.resnet20(_images(), True)
+            resnet.resnet20(_images(), True)
         self.assertLen(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS,
                                           scope="tower_%d" % i), 2 * 19)
 
   def testInferenceAddsNoUpdateOps(self):
     with tf.Graph().as_default():
-      resnet20.resnet20(_images(), False)
+      resnet.resnet20(_images(), False)
       self.assertEmpty(_update_ops())
+
+
+class Resnet8Test(tf.test.TestCase):
+
+  def testLayerParameterAndUpdateOpCounts(self):
+    with tf.Graph().as_default():
+      logits = resnet.resnet8(_images(), True)
+      self.assertEqual(logits.shape.as_list(), [2, 10])
+      names = [v.op.name for v in tf1.trainable_variables()]
+      self.assertTrue(all(n.startswith("resnet8/") for n in names), names)
+      convs = [n for n in names if n.endswith("/conv/weights")]
+      self.assertLen(convs, 7)  # 1 + 3 stages x 1 block x 2.
+      self.assertLen([n for n in names if n.endswith("/gamma")], 7)
+      self.assertEqual(_num_params(tf1.trainable_variables()), 75290)
+      self.assertLen(_update_ops(), 2 * 7)
+      with self.assertRaisesRegex(ValueError, "resnet8: shortcut"):
+        resnet.resnet8(_images(), True, shortcut="C")
 
 
 class BatchNormTest(tf.test.TestCase):

@@ -6,12 +6,13 @@ returning float32 logits [batch, num_classes]; it builds its variables with
 reusing variable scope.
 """
 
-from tf1_safe_train.models import resnet20
+from tf1_safe_train.models import resnet
 from tf1_safe_train.models import small_cnn
 
 _MODELS = {
     "small_cnn": small_cnn.small_cnn,
-    "resnet20": resnet20.resnet20,
+    "resnet20": resnet.resnet20,
+    "resnet8": resnet.resnet8,
 }
 MODEL_NAMES = tuple(sorted(_MODELS))
 

@@ -10,7 +10,7 @@ import math
 
 from tf1_safe_train.core import checks
 
-MODELS = ("small_cnn", "resnet20")
+MODELS = ("small_cnn", "resnet20", "resnet8")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DATASETS = ("synthetic", "cifar10")
 DEVICES = ("gpu", "cpu")

@@ -1,9 +1,13 @@
-"""ResNet-20 for CIFAR-10 (He et al. 2016, "Deep Residual Learning", 4.2).
+"""The CIFAR-10 ResNets (He et al. 2016, "Deep Residual Learning", 4.2).
 
-A 3x3 convolution with 16 filters, three stages of three basic blocks with
-16, 32 and 64 filters (the first block of stages 2 and 3 has stride 2), batch
-norm and ReLU after every convolution, global average pooling and a dense
-classifier: 19 convolutions plus one dense layer, about 0.27M parameters.
+A 3x3 convolution with 16 filters, three stages of n basic blocks with 16, 32
+and 64 filters (the first block of stages 2 and 3 has stride 2), batch norm
+and ReLU after every convolution, global average pooling and a dense
+classifier: 6n + 1 convolutions plus one dense layer, depth 6n + 2.
+ResNet-20 (n = 3, about 0.27M parameters) is the paper's smallest; ResNet-8
+(n = 1, 75K parameters) has the same kinds of layers (batch norm,
+strided blocks, shortcuts) at about a third of the graph, for quick runs
+that need batch norm.
 """
 
 import tensorflow as tf
@@ -12,9 +16,7 @@ from tf1_safe_train.models import layers
 
 tf1 = tf.compat.v1
 
-SCOPE = "resnet20"
 STAGE_FILTERS = (16, 32, 64)
-BLOCKS_PER_STAGE = 3
 # "A": parameter-free shortcut (subsample + zero-pad channels), the paper's
 # CIFAR choice. "B": projection (1x1 convolution + batch norm).
 SHORTCUTS = ("A", "B")
@@ -54,10 +56,21 @@ def _basic_block(x, filters, strides, is_training, shortcut, scope):
 
 
 def resnet20(images, is_training, num_classes=10, shortcut="A"):
-  """Builds ResNet-20 and returns its logits.
+  """Builds ResNet-20 (n = 3) under the scope "resnet20"; see `_resnet`."""
+  return _resnet(images, is_training, num_classes, shortcut, 3, "resnet20")
 
-  Variables come from `get_variable` under the scope "resnet20", so calling
-  this again under a reusing variable scope (one call per tower) shares them.
+
+def resnet8(images, is_training, num_classes=10, shortcut="A"):
+  """Builds ResNet-8 (n = 1) under the scope "resnet8"; see `_resnet`."""
+  return _resnet(images, is_training, num_classes, shortcut, 1, "resnet8")
+
+
+def _resnet(images, is_training, num_classes, shortcut, blocks_per_stage,
+            name):
+  """Builds a CIFAR ResNet of depth 6 * `blocks_per_stage` + 2; its logits.
+
+  Variables come from `get_variable` under the scope `name`, so calling this
+  again under a reusing variable scope (one call per tower) shares them.
   In training every batch norm adds its two moving-statistics updates to
   `tf.compat.v1.GraphKeys.UPDATE_OPS` (see `layers.batch_norm`).
 
@@ -67,8 +80,10 @@ def resnet20(images, is_training, num_classes=10, shortcut="A"):
     is_training: Python bool; batch norm uses batch statistics if True and
       moving statistics if False.
     num_classes: number of classes.
-    shortcut: "A" (zero-padding identity, the paper's CIFAR model, 0.27M
+    shortcut: "A" (zero-padding identity, the paper's CIFAR model: no
       parameters) or "B" (projection when the shape changes).
+    blocks_per_stage: n, the basic blocks in each of the three stages.
+    name: the model's name, in messages and as its variable scope.
 
   Returns:
     float32 logits [batch, num_classes].
@@ -76,14 +91,14 @@ def resnet20(images, is_training, num_classes=10, shortcut="A"):
   Raises:
     ValueError: if an argument is invalid.
   """
-  layers.check_model_inputs(images, num_classes, "resnet20")
+  layers.check_model_inputs(images, num_classes, name)
   if shortcut not in SHORTCUTS:
-    raise ValueError("resnet20: shortcut must be one of %s, got %r" %
-                     (SHORTCUTS, shortcut))
-  with tf1.variable_scope(SCOPE):
+    raise ValueError("%s: shortcut must be one of %s, got %r" %
+                     (name, SHORTCUTS, shortcut))
+  with tf1.variable_scope(name):
     x = _conv_bn(images, STAGE_FILTERS[0], 3, 1, is_training, "initial")
     for stage, filters in enumerate(STAGE_FILTERS):
-      for block in range(BLOCKS_PER_STAGE):
+      for block in range(blocks_per_stage):
         strides = 2 if stage > 0 and block == 0 else 1
         x = _basic_block(x, filters, strides, is_training, shortcut,
                          "stage%d/block%d" % (stage + 1, block + 1))
