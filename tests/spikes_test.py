@@ -135,6 +135,34 @@ class SpikesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(record["spike"]["grad_norm"],
                        record["spike"]["grad_threshold"])
 
+  # Regression test: a dry-run flag is not the cond's predicate, so nothing
+  # ordered the reads its threshold made of the statistics before the apply
+  # branch's updates of them. In about one session in three some steps read
+  # the statistics with the step's own norm already folded in (threshold
+  # ~40x too high) and missed the spike (testDryRunAppliesTheSpikeAndReports
+  # It failed 5 of 40 times). Every step's threshold is now the one of the
+  # statistics before it. (The executor's order is a session's: many short
+  # sessions, not one long one; 20 sessions found it 20 of 20 times.)
+  def testDryRunThresholdIsTheStatisticsBeforeTheStep(self):
+    with tf.Graph().as_default():
+      model = _Model(_config(dry_run=True, warmup_steps=1))
+      init = tf1.global_variables_initializer()
+      variables = dict((v.op.name, v) for v in tf1.global_variables())
+      stats = [variables["spike_stats/grad_norm_log_mean"],
+               variables["spike_stats/grad_norm_log_var"]]
+      for session in range(20):
+        with tf1.Session() as sess:
+          sess.run(init)
+          model.step(sess)
+          for i in range(8):
+            mean, var = sess.run(stats)
+            values = model.step(sess, scale=1e3 if i == 3 else 1.0,
+                                seed=i)["criteria"]["values"]["spike"]
+            self.assertAllClose(values["grad_threshold"],
+                                np.exp(mean + 4.0 * np.sqrt(var)),
+                                rtol=1e-4, msg="session %d, step %d" %
+                                (session, i))
+
   def testNonFiniteStepNeverTouchesStatistics(self):
     with tf.Graph().as_default(), self.session() as sess:
       model = _Model(_config())

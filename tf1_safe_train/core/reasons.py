@@ -107,10 +107,27 @@ class Decision(object):
             [v for v, _ in self.would_counters] +
             [v for c in self.criteria[1:] for v in c.variables])
 
+  def _branch_ops(self, build):
+    """Each criterion's ops `build(criterion)` for a branch of the cond.
+
+    An acting criterion's flag is (part of) the cond's predicate, so its
+    reads of its state come before either branch writes that state. A
+    dry-run flag is not: without a control dependency on it, its reads
+    race with the branch's writes (a spike threshold read after the apply
+    branch folded the step's own norm in missed about one spike in eight).
+    The dependency is on an identity of the flag built in the branch: a
+    v2 cond's branch drops control inputs from outside it. That identity
+    is one node more per step, in dry runs only.
+    """
+    ops = []
+    for c, f in zip(self.criteria, self.flags):
+      with tf1.control_dependencies([tf.identity(f)] if c.dry_run else []):
+        ops += tf.nest.flatten(build(c))
+    return ops
+
   def on_apply(self):
     """The apply branch's ops: each criterion's, and would-be skips."""
-    ops = [op for c in self.criteria
-           for op in tf.nest.flatten(c.on_apply(self.context))]
+    ops = self._branch_ops(lambda c: c.on_apply(self.context))
     return ops + [_increment(v, f) for v, f in self.would_counters]
 
   @property
@@ -128,8 +145,7 @@ class Decision(object):
         to capture the context's: each captured tensor costs a good step
         a `Switch`.
     """
-    ops = [op for c in self.criteria
-           for op in tf.nest.flatten(c.on_skip(self.context))]
+    ops = self._branch_ops(lambda c: c.on_skip(self.context))
     if not self.labels:  # skipped_steps: the guard counts it.
       return ops
     flags = [f for _, f in self._acting]
