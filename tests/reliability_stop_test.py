@@ -91,9 +91,10 @@ class PersistentFaultTest(tf.test.TestCase):
                         ["small_cnn/conv1/weights", "/Momentum"])
 
   # The library (the binary's line and exit code are the test above's; its
-  # counts are the summary's, checked here): resnet20, for its batch norm.
-  # Tower 0's update ops write the batch-norm moving statistics; Adam has
-  # slots and beta powers; the EMA has shadows: none may move.
+  # counts are the summary's, checked here): resnet8, for its batch norm
+  # (resnet20's layer kinds at a third of the graph). Tower 0's update ops
+  # write the batch-norm moving statistics; Adam has slots and beta powers;
+  # the EMA has shadows: none may move.
   def testResnetAdamEmaInputFaultOnTower0(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     n, k = 4, 3
@@ -101,7 +102,7 @@ class PersistentFaultTest(tf.test.TestCase):
         train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
         save_summaries_steps=1000, seed=_SEED, max_steps=1000,
         save_checkpoints_steps=n, max_consecutive_skips=k,
-        log_every_n_steps=1000, model="resnet20",
+        log_every_n_steps=1000, model="resnet8",
         inject_nonfinite="inf@4-:0", inject_into="input", optimizer="adam",
         moving_average_decay=0.99).validate())
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
