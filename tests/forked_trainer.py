@@ -10,6 +10,10 @@ same for a driver script run as `python -c` with arguments. The child runs
 as `binaries.run`'s forked runs do (tests/binaries.py says what such a run
 proves and what it does not: start-up before TensorFlow's import is not
 exercised, so tests of a signal during start-up start the binary afresh).
+A child inherits the server's SIGINT disposition (ignored when the tests run
+as a shell's background job); the trainer installs its own SIGTERM and
+SIGINT handlers when its session starts, so a signal mid-run is handled as
+in a fresh process.
 """
 
 import json
@@ -30,6 +34,9 @@ class Server(forked_python.Server):
   One child at a time: `start` reaps (killing it first) a child still
   running, and the blocking `run`/`run_module` wait for it.
   """
+  # It speaks the base class's protocol (per request the child's pid, then
+  # its exit code, one line each) through the base's protected members:
+  # forked_python has no background start of its own.
 
   def __init__(self):
     super().__init__(binaries.env())
