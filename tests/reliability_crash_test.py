@@ -24,6 +24,7 @@ import unittest
 from absl import logging
 import tensorflow as tf
 
+import forked_trainer
 import reliability_lib as lib
 import train_dir_util
 from tf1_safe_train.trainer import params as params_lib
@@ -31,7 +32,7 @@ from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
 
-_MAX_STEPS = 100
+_MAX_STEPS = 50
 _CHECKPOINT_EVERY = 5
 _NUM_TOWERS = 2
 _SPEC = "nan%0.1:0,inf%0.1:1"
@@ -47,6 +48,22 @@ _KILLS = ("training", "resave", "startup", "training", "new_checkpoint")
 # '<prefix>.{index,data-...}.tempstate<N>' and renames them when done.
 _IN_PROGRESS = ".tempstate"
 _STEP = re.compile(r"^model\.ckpt-(\d+)\.")
+
+# The trainers killed after start-up fork from one server that imported
+# TensorFlow once (tests/forked_trainer.py); the one killed during start-up
+# starts afresh, so that its kill can land in TensorFlow's import too.
+_SERVER = []
+
+
+def _server():
+  if not _SERVER:
+    _SERVER.append(forked_trainer.Server())
+  return _SERVER[0]
+
+
+def tearDownModule():
+  while _SERVER:
+    _SERVER.pop().close()
 
 
 def _args(train_dir):
@@ -137,7 +154,10 @@ class CrashResumeTest(tf.test.TestCase):
     latest, history = 0, []
     for i, moment in enumerate(_KILLS):
       log = os.path.join(logs, "run%d.log" % i)
-      process = lib.start_trainer(_args(train_dir), log)
+      if moment == "startup":
+        process = lib.start_trainer(_args(train_dir), log)
+      else:
+        process = _server().start(_args(train_dir), log)
       try:
         if moment == "startup":
           time.sleep(rng.uniform(0.5, 4.0))

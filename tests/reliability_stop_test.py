@@ -13,7 +13,6 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -21,6 +20,7 @@ import unittest
 import tensorflow as tf
 
 import binaries
+import forked_trainer
 import reliability_lib as lib
 import train_dir_util
 from tf1_safe_train.trainer import params as params_lib
@@ -32,6 +32,22 @@ tf1 = tf.compat.v1
 _SEED = 5
 # The drill of the interrupted runs: both towers, a skip every few steps.
 _DRILL = "nan%0.2:0,-inf%0.1:1"
+
+# The trainers this module runs to their end or signals mid-run (those
+# signalled during start-up aside) fork from one server: one TensorFlow
+# import for all of them (tests/forked_trainer.py).
+_SERVER = []
+
+
+def _server():
+  if not _SERVER:
+    _SERVER.append(forked_trainer.Server())
+  return _SERVER[0]
+
+
+def tearDownModule():
+  while _SERVER:
+    _SERVER.pop().close()
 
 
 def _common_args(train_dir):
@@ -73,7 +89,7 @@ class PersistentFaultTest(tf.test.TestCase):
   def testSmallCnnMomentumGradsFaultOnTower1(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     n, k = 10, 4
-    result = lib.run_trainer(_common_args(train_dir) + [
+    result = _server().run_train(_common_args(train_dir) + [
         "--max_steps=1000", "--save_checkpoints_steps=%d" % n,
         "--max_consecutive_skips=%d" % k, "--log_every_n_steps=1000",
         "--inject_nonfinite=nan@10-:1", "--inject_into=grads",
@@ -91,9 +107,10 @@ class PersistentFaultTest(tf.test.TestCase):
                         ["small_cnn/conv1/weights", "/Momentum"])
 
   # The library (the binary's line and exit code are the test above's; its
-  # counts are the summary's, checked here): resnet20, for its batch norm.
-  # Tower 0's update ops write the batch-norm moving statistics; Adam has
-  # slots and beta powers; the EMA has shadows: none may move.
+  # counts are the summary's, checked here): resnet8, for its batch norm
+  # (resnet20's layer kinds at a third of the graph). Tower 0's update ops
+  # write the batch-norm moving statistics; Adam has slots and beta powers;
+  # the EMA has shadows: none may move.
   def testResnetAdamEmaInputFaultOnTower0(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     n, k = 4, 3
@@ -101,7 +118,7 @@ class PersistentFaultTest(tf.test.TestCase):
         train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
         save_summaries_steps=1000, seed=_SEED, max_steps=1000,
         save_checkpoints_steps=n, max_consecutive_skips=k,
-        log_every_n_steps=1000, model="resnet20",
+        log_every_n_steps=1000, model="resnet8",
         inject_nonfinite="inf@4-:0", inject_into="input", optimizer="adam",
         moving_average_decay=0.99).validate())
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
@@ -116,7 +133,6 @@ class PersistentFaultTest(tf.test.TestCase):
 # (malloc fails at once, nothing is really allocated; the size is fed, so no
 # graph optimisation folds it).
 _OOM_DRIVER = r"""
-import sys
 from absl import app
 import tensorflow as tf
 from tf1_safe_train import cli, train
@@ -169,11 +185,8 @@ class OutOfMemoryTest(tf.test.TestCase):
   # 24 GB here: the error comes from a huge fetch in the same session).
   def testOutOfMemoryEndsWithOneLine(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    result = subprocess.run(
-        [sys.executable, "-c", _OOM_DRIVER] + _common_args(train_dir) + [
-            "--max_steps=100"],
-        capture_output=True, text=True, env=binaries.env(), timeout=600,
-        check=False)
+    result = _server().run_code(
+        _OOM_DRIVER, _common_args(train_dir) + ["--max_steps=100"])
     self.assertEqual(result.returncode, 1, result.stderr)
     self.assertNotIn("Traceback", result.stderr)
     self.assertNotIn("Fatal Python error", result.stderr)
@@ -231,7 +244,7 @@ class SignalTest(tf.test.TestCase):
     train_dir = train_dir or tempfile.mkdtemp(dir=self.get_temp_dir())
     log = "%s-%d.log" % (train_dir, sig)
     drill = lib.Drill(_DRILL, 2, _SEED)
-    process = lib.start_trainer(_common_args(train_dir) + [
+    process = _server().start(_common_args(train_dir) + [
         "--max_steps=1000000", "--save_checkpoints_steps=1000000",
         "--log_every_n_steps=1", "--inject_nonfinite=" + drill.spec,
         "--max_consecutive_skips=0"], log)
@@ -294,11 +307,7 @@ class SignalTest(tf.test.TestCase):
         "--rollback_min_applied_steps=5"]
     # The run blocks when its session ends (before its final checkpoint):
     # the second signal, however late, finds it still running.
-    with open(log, "ab") as out:
-      process = subprocess.Popen(
-          [sys.executable, "-c", _BLOCKED_END_DRIVER] + args, stdout=out,
-          stderr=subprocess.STDOUT, env=binaries.env(),
-          start_new_session=True)
+    process = _server().start_code(_BLOCKED_END_DRIVER, args, log)
     try:
       self.assertTrue(lib.wait_until(
           lambda: max(lib.progress_steps(lib.read_text(log)) or [0]) >= 28,
