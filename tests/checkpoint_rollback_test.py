@@ -178,8 +178,9 @@ class RollbackRunTest(tf.test.TestCase):
                      {"rollback_window": 36})
 
   # The run of --max_rollbacks=1 used up (stop after the last rollback):
-  # reliability_rollback_test's testGivingUpAfterTheLastRollbackSaysWhy
-  # runs it as //:train and checks its line, run_summary.json and
+  # reliability_rollback_test's
+  # testSigkillAtAndAfterTheRollbackThenResumeToTheEnd runs it as //:train
+  # (killed and resumed) and checks its line, run_summary.json and
   # checkpoints.
 
   def testStopsWhenNoCheckpointIsOldEnough(self):
