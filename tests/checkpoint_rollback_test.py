@@ -62,8 +62,10 @@ class _FedIds(tf1.train.SessionRunHook):
 
 
 def _params(train_dir, **changes):
+  # One tower of 4 examples: the claims are not about towers, and a step
+  # reads the 4 examples two towers of 2 would.
   values = dict(
-      train_dir=train_dir, num_towers=2, device="cpu", batch_size=2,
+      train_dir=train_dir, num_towers=1, device="cpu", batch_size=4,
       max_steps=40, save_checkpoints_steps=5, save_summaries_steps=1000,
       log_every_n_steps=1000, inject_nonfinite="nan@20-25:0",
       max_consecutive_skips=4, on_persistent_skips="rollback",
@@ -72,24 +74,39 @@ def _params(train_dir, **changes):
   return params_lib.TrainParams(**values).validate()
 
 
-# The run testRollsBackOnceSkipsTheWindowAndFinishes checks, which others
-# resume (each from a copy): trained once per file.
-_ROLLED_BACK = {}
+# Runs that several tests check or resume (each from a copy): trained once
+# per file, by name.
+_RUNS = {}
+# The rollback run of the docstring (learning rate halved), which
+# testRollsBackOnceSkipsTheWindowAndFinishes checks; its skips explained, as
+# a user's run would.
 _ROLLED_BACK_CHANGES = dict(rollback_halve_learning_rate=True,
                             save_summaries_steps=10)
+# No checkpoint old enough: gives up at step 24 having never rolled back.
+# Neither it nor the other runs below looks at the skips' explanations.
+_NOT_ROLLED_BACK_CHANGES = dict(rollback_min_applied_steps=100,
+                                max_explained_skips=0)
+
+
+def _shared_run(name, **changes):
+  """{train_dir, summary, weights, fed}: run `name` of `_params(changes)`,
+  with its weights and fed ids by step (trained on first use)."""
+  if name not in _RUNS:
+    train_dir = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
+    weights, fed = _Weights(), _FedIds()
+    summary = train_lib.train(_params(train_dir, **changes),
+                              extra_hooks=[weights, fed])
+    _RUNS[name] = dict(train_dir=train_dir, summary=summary,
+                       weights=weights.by_step, fed=fed.by_step)
+  return _RUNS[name]
 
 
 def _rolled_back_run():
-  """{train_dir, summary, weights, fed}: the rollback run of the docstring
-  (learning rate halved), with its weights and fed ids by step."""
-  if not _ROLLED_BACK:
-    train_dir = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
-    weights, fed = _Weights(), _FedIds()
-    summary = train_lib.train(_params(train_dir, **_ROLLED_BACK_CHANGES),
-                              extra_hooks=[weights, fed])
-    _ROLLED_BACK.update(train_dir=train_dir, summary=summary,
-                        weights=weights.by_step, fed=fed.by_step)
-  return _ROLLED_BACK
+  return _shared_run("rolled_back", **_ROLLED_BACK_CHANGES)
+
+
+def _not_rolled_back_run():
+  return _shared_run("not_rolled_back", **_NOT_ROLLED_BACK_CHANGES)
 
 
 class RollbackRunTest(tf.test.TestCase):
@@ -101,9 +118,9 @@ class RollbackRunTest(tf.test.TestCase):
                               extra_hooks=[weights])
     return train_dir, summary, weights.by_step
 
-  def _copy_of_rolled_back_run(self):
+  def _copy_of(self, run):
     train_dir = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "run")
-    shutil.copytree(_rolled_back_run()["train_dir"], train_dir)
+    shutil.copytree(run["train_dir"], train_dir)
     return train_dir
 
   def assertCheckpointsConsistent(self, train_dir):
@@ -141,7 +158,7 @@ class RollbackRunTest(tf.test.TestCase):
         train_dir_util.scalars(train_dir, "skips/rollbacks")[-1][1], 1.0)
 
   def testARestartNeverFeedsTheWindowAgain(self):
-    train_dir = self._copy_of_rolled_back_run()
+    train_dir = self._copy_of(_rolled_back_run())
     fed = _rolled_back_run()["fed"]
     # Recorded durably: every batch of steps 15-23, not only the last.
     (at_step, window), = checkpoint_rollback_window.excluded_ids(train_dir)
@@ -149,39 +166,25 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertEqual(set(window),
                      set().union(*[fed[s] for s in range(15, 24)]))
     self.assertLen(window, 36)
+    # A restarted process reads its input from the start: its first 24
+    # steps would feed the window (read at steps 15-23) again.
     again = _FedIds()
-    summary = train_lib.train(_params(train_dir, max_steps=80,
+    summary = train_lib.train(_params(train_dir, max_steps=64,
                                       **_ROLLED_BACK_CHANGES),
                               extra_hooks=[again])
-    self.assertLen(again.by_step, 40)
+    self.assertLen(again.by_step, 24)
     self.assertEmpty(set().union(*again.by_step.values()) & set(window))
     self.assertEqual(summary["forensics"]["excluded_examples"]["by_reason"],
                      {"rollback_window": 36})
 
-  def testRollbackAfterTheLastStepIsInTheSummaryAndCheckpoint(self):
-    # In fp16, which proves a claim of its own on the same run: with a loss
-    # scale the streak that counts is the skips at the floor scale (1 here
-    # from the start), as for giving up, and it rolls back.
-    train_dir, summary, _ = self._train(max_steps=24, precision="fp16",
-                                        initial_loss_scale=1.0)
-    self.assertEqual(summary["exit_reason"], "max_steps")
-    self.assertEqual(summary["rollback_count"], 1)
-    counts = [summary[k] for k in (
-        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
-        "consecutive_skips")]
-    self.assertEqual(counts, [24, 15, 4, 5, 0])
-    final = self.assertCheckpointsConsistent(train_dir)
-    self.assertEqual([int(final[k]) for k in (
-        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
-        "consecutive_skips")], counts)
-
   # The run of --max_rollbacks=1 used up (stop after the last rollback):
-  # reliability_rollback_test's testGivingUpAfterTheLastRollbackSaysWhy
-  # runs it as //:train and checks its line, run_summary.json and
+  # reliability_rollback_test's
+  # testSigkillAtAndAfterTheRollbackThenResumeToTheEnd runs it as //:train
+  # (killed and resumed) and checks its line, run_summary.json and
   # checkpoints.
 
   def testStopsWhenNoCheckpointIsOldEnough(self):
-    train_dir, summary, _ = self._train(rollback_min_applied_steps=100)
+    summary = _not_rolled_back_run()["summary"]
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
     self.assertEqual(summary["global_step"], 24)
     self.assertEqual(summary["rollbacks"], [])
@@ -199,28 +202,36 @@ class RollbackRunTest(tf.test.TestCase):
     # rollback 3 at 24 (still 11) needs at most 9 applied: model.ckpt-5,
     # written before any rollback, the only such ancestor (model.ckpt-20 of
     # the window rollback 2 abandoned is not one).
+    # The same run proves two claims of its own: rollback 3 comes after the
+    # last step (--max_steps=24) and is in the summary and the last
+    # checkpoint; and in fp16 the streak that counts is the skips at the
+    # floor loss scale (1 here from the start), as for giving up, and it
+    # rolls back. (Training on after a rollback: the docstring's run.)
     train_dir, summary, weights = self._train(
-        inject_nonfinite="nan@12-13:0,nan@20-23:0", max_steps=30,
+        inject_nonfinite="nan@12-13:0,nan@20-23:0", max_steps=24,
         max_consecutive_skips=2, rollback_min_applied_steps=2,
-        max_rollbacks=3)
+        max_rollbacks=3, precision="fp16", initial_loss_scale=1.0,
+        max_explained_skips=0)
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(
         [(r["at_step"], r["checkpoint"], r["applied_steps_undone"])
          for r in summary["rollbacks"]],
         [(14, "model.ckpt-10", 2), (22, "model.ckpt-15", 5),
          (24, "model.ckpt-5", 6)])
-    self.assertEqual(
-        [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
-                              "rolled_back_steps", "rollback_count")],
-        [30, 11, 6, 13, 3])
+    counts = [summary[k] for k in (
+        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
+        "consecutive_skips", "rollback_count")]
+    self.assertEqual(counts, [24, 5, 6, 13, 0, 3])
     self.assertAllEqual(weights[24], weights[5])
     self.assertEqual(
         [step for step, _ in
          checkpoint_rollback_window.excluded_ids(train_dir)],
         [14, 22, 24])
     final = self.assertCheckpointsConsistent(train_dir)
-    self.assertEqual([int(final[k]) for k in ("rollbacks", "rollback_to_step")],
-                     [3, 5])
+    self.assertEqual([int(final[k]) for k in (
+        "global_step", "applied_steps", "skipped_steps", "rolled_back_steps",
+        "consecutive_skips", "rollbacks")], counts)
+    self.assertEqual(int(final["rollback_to_step"]), 5)
 
   def testARunThatGaveUpResumesWithRollback(self):
     # The run gave up with stop (the default); its checkpoints lack the
@@ -229,8 +240,8 @@ class RollbackRunTest(tf.test.TestCase):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     first = _Weights()
     summary = train_lib.train(_params(
-        train_dir, on_persistent_skips="stop", inject_nonfinite="nan@20-:0"),
-                              extra_hooks=[first])
+        train_dir, on_persistent_skips="stop", inject_nonfinite="nan@20-:0",
+        max_explained_skips=0), extra_hooks=[first])
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
     self.assertEqual(summary["global_step"], 24)
     # Without rollback the graph has no rollback state (a claim of its own,
@@ -239,7 +250,8 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertNotIn("rolled_back_steps", train_dir_util.checkpoint_values(
         train_dir_util.latest_checkpoint(train_dir)))
     again = _Weights()
-    summary = train_lib.train(_params(train_dir), extra_hooks=[again])
+    summary = train_lib.train(_params(train_dir, max_explained_skips=0),
+                              extra_hooks=[again])
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(
         [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
@@ -261,7 +273,7 @@ class RollbackRunTest(tf.test.TestCase):
   def testARunThatRolledBackIsRefusedWithStop(self):
     # Without rollback the graph has no rolled_back_steps nor multiplier:
     # its checkpoints would break the counters' sum and restore the rate.
-    train_dir = self._copy_of_rolled_back_run()
+    train_dir = self._copy_of(_rolled_back_run())
     with self.assertRaisesRegex(
         checkpoints.CheckpointError,
         r"^cannot resume from .*model.ckpt-40 with --on_persistent_skips="
@@ -270,11 +282,14 @@ class RollbackRunTest(tf.test.TestCase):
                               on_persistent_skips="stop"))
 
   def testARunThatNeverRolledBackResumesWithStop(self):
-    train_dir, _, _ = self._train(inject_nonfinite="", max_steps=10)
-    summary = train_lib.train(_params(train_dir, max_steps=15,
-                                      on_persistent_skips="stop"))
+    # The run that found no checkpoint old enough: rollback on, its
+    # checkpoints hold the rollback state, no rollback done.
+    train_dir = self._copy_of(_not_rolled_back_run())
+    summary = train_lib.train(_params(
+        train_dir, max_steps=30, on_persistent_skips="stop",
+        inject_nonfinite="", max_explained_skips=0))
     self.assertEqual(summary["exit_reason"], "max_steps")
-    self.assertEqual(summary["applied_steps"], 15)
+    self.assertEqual(summary["applied_steps"], 26)
 
 
 class RollbackWindowTest(tf.test.TestCase):
