@@ -34,8 +34,11 @@ import tensorflow as tf
 import reliability_lib as lib
 import train_dir_util
 from tf1_safe_train.trainer import eval_lib
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 
@@ -223,22 +226,37 @@ class EveryKindPoisonsEveryTargetTest(tf.test.TestCase):
   def testEveryKindPoisonsEveryTarget(self):
     # Each kind on two steps, on both towers: every one of those steps must
     # be skipped and counted on its tower, whatever the target (so the soak
-    # may count every injection as a skip).
-    # (No forensics: the counts are the claim, and seven replays and saved
-    # states a run would cost more than its steps.)
+    # may count every injection as a skip). The claim is the step's (the
+    # soak's runs build the same one): it runs in a plain session, without
+    # the runner's hooks, checkpoints and forensics, which cost each of
+    # these short runs more than its steps.
     spec = "nan@1-2:1,inf@3-4:1,-inf@5-6:0,inf@7:0"
     for target in _TARGETS:
       with self.subTest(target=target):
-        train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-        summary = train_lib.train(params_lib.TrainParams(
-            train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
-            max_steps=9, save_checkpoints_steps=1000,
-            save_summaries_steps=1000, log_every_n_steps=1000,
-            max_explained_skips=0, inject_nonfinite=spec, inject_into=target,
-            seed=_SEED).validate())
-        self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 4])
-        self.assertEqual(summary["skipped_steps"], 7)
-        self.assertEqual(summary["applied_steps"], 2)
+        totals = _step_totals(params_lib.TrainParams(
+            train_dir=self.get_temp_dir(), num_towers=2, device="cpu",
+            batch_size=4, inject_nonfinite=spec, inject_into=target,
+            seed=_SEED).validate(), steps=9)
+        self.assertEqual(totals["global_step"], 9)
+        self.assertEqual(list(totals["nonfinite_steps_by_tower"]), [3, 4])
+        self.assertEqual(totals["counters"].skipped_steps, 7)
+        self.assertEqual(totals["counters"].applied_steps, 2)
+
+
+def _step_totals(params, steps):
+  """The trainer's step for `params`, run `steps` times in a plain session:
+  its totals (counters) after the last."""
+  with tf.Graph().as_default():
+    tf1.set_random_seed(params.seed)
+    strategy = local_replication.Local(params)
+    with strategy.device():
+      step = train_step.build_step(params, strategy)
+    with tf1.train.SingularMonitoredSession(
+        config=towers.session_config(strategy.tower_config)) as session:
+      for _ in range(steps):
+        totals = session.run(step.totals)  # Runs the step, then reads.
+  return totals
+
 
 if __name__ == "__main__":
   tf.test.main()
