@@ -34,8 +34,11 @@ import tensorflow as tf
 import reliability_lib as lib
 import train_dir_util
 from tf1_safe_train.trainer import eval_lib
+from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer import train_step
 
 tf1 = tf.compat.v1
 
@@ -68,12 +71,13 @@ def segment_ends(steps):
   return [steps * k // 3 // every * every for k in (1, 2)] + [steps]
 
 
-def _params(train_dir, max_steps, inject_into, inject_nonfinite):
+def _params(train_dir, max_steps, inject_into, inject_nonfinite,
+            checkpoint_every):
   return params_lib.TrainParams(
       train_dir=train_dir, model="small_cnn", dataset="synthetic",
       num_towers=_NUM_TOWERS, device="cpu", batch_size=_BATCH_SIZE,
       max_steps=max_steps, lr_schedule="cosine", max_consecutive_skips=50,
-      save_checkpoints_steps=_CHECKPOINT_EVERY, save_summaries_steps=100,
+      save_checkpoints_steps=checkpoint_every, save_summaries_steps=100,
       log_every_n_steps=100, inject_nonfinite=inject_nonfinite,
       inject_into=inject_into, seed=_SEED).validate()
 
@@ -115,18 +119,25 @@ class _Records(std_logging.Handler):
     self.messages.append(record.getMessage())
 
 
-def _soak(train_dir, spec, steps):
-  """Runs the segments; returns (summaries, scanned checkpoints, warnings)."""
+def _soak(train_dir, spec, steps, scan=True):
+  """Runs the segments; returns (summaries, scanned checkpoints, warnings).
+
+  Without `scan` (the clean reference, whose checkpoints no test reads) a
+  segment checkpoints only at its end, where the next one resumes: saving
+  changes no number the run computes.
+  """
   scanned, summaries = {}, []
   records = _Records()
   logger = logging.get_absl_logger()
   logger.addHandler(records)
   try:
     for target, end in zip(_TARGETS, segment_ends(steps)):
-      hook = CheckpointScanHook(train_dir, scanned)
+      hooks = [CheckpointScanHook(train_dir, scanned)] if scan else []
       summaries.append(train_lib.train(
-          _params(train_dir, end, target, spec), extra_hooks=[hook]))
-      hook.scan()  # The final checkpoint is written after the hooks end.
+          _params(train_dir, end, target, spec,
+                  _CHECKPOINT_EVERY if scan else end), extra_hooks=hooks))
+      for hook in hooks:
+        hook.scan()  # The final checkpoint is written after the hooks end.
   finally:
     logger.removeHandler(records)
   return summaries, scanned, records.messages
@@ -150,7 +161,8 @@ class SoakTest(tf.test.TestCase):
     cls.clean_dir = os.path.join(root, "clean")
     cls.summaries, cls.scanned, cls.warnings = _soak(
         cls.faulty_dir, _SPEC, cls.steps)
-    cls.clean_summaries, _, _ = _soak(cls.clean_dir, "", cls.steps)
+    cls.clean_summaries, _, _ = _soak(cls.clean_dir, "", cls.steps,
+                                      scan=False)
 
   def testDrillCoversBothTowersEveryTargetAndEveryKind(self):
     # A precondition of the other tests, not a property of the trainer.
@@ -214,19 +226,37 @@ class EveryKindPoisonsEveryTargetTest(tf.test.TestCase):
   def testEveryKindPoisonsEveryTarget(self):
     # Each kind on two steps, on both towers: every one of those steps must
     # be skipped and counted on its tower, whatever the target (so the soak
-    # may count every injection as a skip).
+    # may count every injection as a skip). The claim is the step's (the
+    # soak's runs build the same one): it runs in a plain session, without
+    # the runner's hooks, checkpoints and forensics, which cost each of
+    # these short runs more than its steps.
     spec = "nan@1-2:1,inf@3-4:1,-inf@5-6:0,inf@7:0"
     for target in _TARGETS:
       with self.subTest(target=target):
-        train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-        summary = train_lib.train(params_lib.TrainParams(
-            train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
-            max_steps=9, save_checkpoints_steps=1000,
-            save_summaries_steps=1000, log_every_n_steps=1000,
-            inject_nonfinite=spec, inject_into=target, seed=_SEED).validate())
-        self.assertEqual(summary["nonfinite_steps_by_tower"], [3, 4])
-        self.assertEqual(summary["skipped_steps"], 7)
-        self.assertEqual(summary["applied_steps"], 2)
+        totals = _step_totals(params_lib.TrainParams(
+            train_dir=self.get_temp_dir(), num_towers=2, device="cpu",
+            batch_size=4, inject_nonfinite=spec, inject_into=target,
+            seed=_SEED).validate(), steps=9)
+        self.assertEqual(totals["global_step"], 9)
+        self.assertEqual(list(totals["nonfinite_steps_by_tower"]), [3, 4])
+        self.assertEqual(totals["counters"].skipped_steps, 7)
+        self.assertEqual(totals["counters"].applied_steps, 2)
+
+
+def _step_totals(params, steps):
+  """The trainer's step for `params`, run `steps` times in a plain session:
+  its totals (counters) after the last."""
+  with tf.Graph().as_default():
+    tf1.set_random_seed(params.seed)
+    strategy = local_replication.Local(params)
+    with strategy.device():
+      step = train_step.build_step(params, strategy)
+    with tf1.train.SingularMonitoredSession(
+        config=towers.session_config(strategy.tower_config)) as session:
+      for _ in range(steps):
+        totals = session.run(step.totals)  # Runs the step, then reads.
+  return totals
+
 
 if __name__ == "__main__":
   tf.test.main()

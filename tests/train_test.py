@@ -20,9 +20,12 @@ tf1 = tf.compat.v1
 
 
 def _params(train_dir, **overrides):
+  # No test here reads a skip's forensics (forensics_test's): its replay and
+  # saved state would cost a short run more than its steps.
   values = dict(train_dir=train_dir, num_towers=2, device="cpu", batch_size=8,
                 max_steps=6, save_checkpoints_steps=1000,
-                save_summaries_steps=1000, log_every_n_steps=2)
+                save_summaries_steps=1000, log_every_n_steps=2,
+                max_explained_skips=0)
   values.update(overrides)
   return params_lib.TrainParams(**values).validate()
 
@@ -42,14 +45,16 @@ class TrainTest(tf.test.TestCase):
     # before the decision with a few fused checks (one per group of shapes);
     # the report's one check per gradient and statistic is built in the
     # decision's skip branch only.
-    params = _params(self._train_dir("graph"), num_towers=1, model="resnet20")
+    # resnet8: the same kinds of layers as resnet20, batch norm included, at
+    # a third of the graph.
+    params = _params(self._train_dir("graph"), num_towers=1, model="resnet8")
     with tf.Graph().as_default() as graph:
       step = train_step.build_step(params, local_replication.Local(params))
       # The replay probes' checks run only when a skip is replayed.
       fused = [op for op in graph.get_operations() if op.type == "IsFinite"
                and "/nonfinite_probe/" not in op.name]
       statistics = [n for n in step.report.variable_names if "moving_" in n]
-      self.assertLen(statistics, 38)  # 19 batch norms, mean and variance.
+      self.assertLen(statistics, 14)  # 7 batch norms, mean and variance.
       variables = len(tf1.trainable_variables()) + len(statistics)
       self.assertLen(step.report.variable_names, variables)
       self.assertLess(len(fused), 10)
@@ -91,11 +96,16 @@ class TrainTest(tf.test.TestCase):
     self.assertGreater(by_global[1][1], by_global[2][1])
     self.assertEqual(applied[3][1], by_global[2][1])
 
-  def testTwoTowersSkipInjectedStepAndNameTowerAndVariable(self):
+  def testTwoTowersSkipNameTowerAndVariableAndResumeKeepsCounters(self):
+    # One run is both the skip-report run and the resume's first run (with
+    # EMA, clipping, a cosine schedule and Adam: none changes what the
+    # report names).
     train_dir = self._train_dir("two")
+    options = dict(moving_average_decay=0.99, clip_gradient_norm=1.0,
+                   lr_schedule="cosine", optimizer="adam")
     with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
       summary = train_lib.train(_params(
-          train_dir, inject_nonfinite="nan@2:1,inf@4:0"))
+          train_dir, inject_nonfinite="nan@2:1,inf@4:0", **options))
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(summary["global_step"], 6)
     self.assertEqual(summary["skipped_steps"], 2)
@@ -118,25 +128,58 @@ class TrainTest(tf.test.TestCase):
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.isfinite(value).all(), name)
     self.assertEqual(values["skipped_steps"], 2)
+    # EMA and clipping train without NaN: the EMA shadows are among the
+    # finite entries above.
+    ema = [n for n in values if n.endswith("ExponentialMovingAverage")]
+    self.assertNotEmpty(ema)
+    # The resume keeps the counters and goes on from step 6.
+    second = train_lib.train(_params(train_dir, max_steps=9,
+                                     inject_nonfinite="nan@7:1", **options))
+    self.assertEqual(second["global_step"], 9)
+    self.assertEqual(second["steps_this_run"], 3)
+    self.assertEqual((second["applied_steps"], second["skipped_steps"]),
+                     (6, 3))
+    self.assertEqual(second["nonfinite_steps_by_tower"], [1, 2])
 
-  def testThreeTowersCountPerTower(self):
+  def testThreeTowersCountPerTowerAndGiveUpAfterConsecutiveSkips(self):
+    # One run: tower 2's loss is poisoned at step 1 (-inf), then from step 3
+    # on (nan); the third skip in a row (step 5) gives up.
     train_dir = self._train_dir("three")
     summary = train_lib.train(_params(
-        train_dir, num_towers=3, max_steps=4,
-        inject_nonfinite="-inf@1:2,nan@3:2", inject_into="loss"))
-    self.assertEqual(summary["nonfinite_steps_by_tower"], [0, 0, 2])
-    self.assertEqual(summary["skipped_steps"], 2)
+        train_dir, num_towers=3, max_steps=50, max_consecutive_skips=3,
+        inject_nonfinite="-inf@1:2,nan@3-:2", inject_into="loss"))
+    self.assertEqual(summary["nonfinite_steps_by_tower"], [0, 0, 4])
+    self.assertEqual(summary["skipped_steps"], 4)
     self.assertEqual(summary["applied_steps"], 2)
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertEqual(summary["consecutive_skips"], 3)
+    self.assertEqual(summary["global_step"], 6)
+    self.assertEqual(_read_summary(train_dir)["exit_reason"],
+                     "too_many_consecutive_skips")
+
+  def _one_tower_no_increment_run(self):
+    """(summary, train_dir) of the run the next two tests share (made once).
+
+    One tower of resnet8 (resnet20's batch norms at a third of its graph),
+    its input poisoned at step 1; skipped steps do not advance global_step,
+    so the drill keyed on step 1 hits every following step until the
+    give-up: three skips, each in tower 0, whose update ops write the
+    batch-norm moving statistics (with more towers too: one tower is enough,
+    and the model's graph per tower is most of this run's cost).
+    """
+    cls = type(self)
+    if not hasattr(cls, "_no_increment_run"):
+      train_dir = self._train_dir("no_increment")
+      cls._no_increment_run = (train_lib.train(_params(
+          train_dir, model="resnet8", num_towers=1, max_steps=5,
+          batch_size=4, max_consecutive_skips=3,
+          increment_global_step_on_skip=False, inject_nonfinite="nan@1:0",
+          inject_into="input")), train_dir)
+    return cls._no_increment_run
 
   def testInputInjectionLeavesBatchNormStatisticsFinite(self):
-    train_dir = self._train_dir("bn")
-    # Step 1 of 2 is poisoned in tower 0, whose update ops write the
-    # batch-norm moving statistics (with more towers too: one tower is
-    # enough, and resnet20's graph per tower is most of this test's cost).
-    summary = train_lib.train(_params(
-        train_dir, model="resnet20", num_towers=1, max_steps=2, batch_size=4,
-        inject_nonfinite="nan@1:0", inject_into="input"))
-    self.assertEqual(summary["skipped_steps"], 1)
+    summary, train_dir = self._one_tower_no_increment_run()
+    self.assertEqual(summary["skipped_steps"], 3)
     values = train_dir_util.checkpoint_values(train_dir)
     moving = [n for n in values if n.endswith("moving_mean") or
               n.endswith("moving_variance")]
@@ -147,46 +190,8 @@ class TrainTest(tf.test.TestCase):
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.isfinite(value).all(), name)
 
-  def testGivesUpAfterConsecutiveSkips(self):
-    train_dir = self._train_dir("give_up")
-    summary = train_lib.train(_params(
-        train_dir, max_steps=50, max_consecutive_skips=3,
-        inject_nonfinite="nan@2-:0"))
-    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
-    self.assertEqual(summary["consecutive_skips"], 3)
-    self.assertEqual(summary["applied_steps"], 2)
-    self.assertEqual(summary["global_step"], 5)
-    self.assertEqual(_read_summary(train_dir)["exit_reason"],
-                     "too_many_consecutive_skips")
-
-  def testResumeKeepsCountersAndEmaAndClippingTrainWithoutNaN(self):
-    # The first run was testEmaAndClippingTrainWithoutNaN's own.
-    train_dir = self._train_dir("resume")
-    options = dict(moving_average_decay=0.99, clip_gradient_norm=1.0,
-                   lr_schedule="cosine", optimizer="adam")
-    first = train_lib.train(_params(train_dir, max_steps=3,
-                                    inject_nonfinite="nan@1:0", **options))
-    self.assertEqual((first["applied_steps"], first["skipped_steps"]), (2, 1))
-    values = train_dir_util.checkpoint_values(train_dir)
-    ema = [n for n in values if n.endswith("ExponentialMovingAverage")]
-    self.assertNotEmpty(ema)
-    for name in ema:
-      self.assertTrue(np.isfinite(values[name]).all(), name)
-    second = train_lib.train(_params(train_dir, max_steps=6,
-                                     inject_nonfinite="nan@4:1", **options))
-    self.assertEqual(second["global_step"], 6)
-    self.assertEqual(second["steps_this_run"], 3)
-    self.assertEqual((second["applied_steps"], second["skipped_steps"]),
-                     (4, 2))
-    self.assertEqual(second["nonfinite_steps_by_tower"], [1, 1])
-
   def testSkipPolicyWithoutGlobalStepIncrement(self):
-    train_dir = self._train_dir("no_increment")
-    summary = train_lib.train(_params(
-        train_dir, num_towers=1, max_steps=5, max_consecutive_skips=3,
-        increment_global_step_on_skip=False, inject_nonfinite="nan@1:0"))
-    # Skipped steps do not advance global_step, so the drill keyed on step 1
-    # hits every following step until the give-up.
+    summary, _ = self._one_tower_no_increment_run()
     self.assertEqual(summary["global_step"], 1)
     self.assertEqual(summary["applied_steps"], 1)
     self.assertEqual(summary["skipped_steps"], 3)
