@@ -22,10 +22,27 @@ from absl import logging
 import tensorflow as tf
 
 import binaries
+import forked_trainer
 import reliability_lib as lib
 import train_dir_util
 
 tf1 = tf.compat.v1
+
+# Its three trainers (two SIGKILLed mid-run, one run to its end) fork from
+# one server that imported TensorFlow once (tests/forked_trainer.py): the
+# kills land mid-run, never in start-up.
+_SERVER = []
+
+
+def _server():
+  if not _SERVER:
+    _SERVER.append(forked_trainer.Server())
+  return _SERVER[0]
+
+
+def tearDownModule():
+  while _SERVER:
+    _SERVER.pop().close()
 
 
 def _args(train_dir):
@@ -59,7 +76,7 @@ class SigkillAtRollbackTest(binaries.OneLineErrorAssertions,
       rollbacks the latest of them holds).
     """
     log = os.path.join(tempfile.mkdtemp(dir=self.get_temp_dir()), "run.log")
-    process = lib.start_trainer(_args(train_dir), log)
+    process = _server().start(_args(train_dir), log)
     try:
       self.assertTrue(lib.wait_until(
           lambda: last_line in lib.read_text(log), 240,
@@ -100,7 +117,7 @@ class SigkillAtRollbackTest(binaries.OneLineErrorAssertions,
       steps, done = after, done_after
     # The resumed run ends as the uninterrupted one would: rolled back
     # after step 23, four more skips (24-27), no rollback left.
-    result = lib.run_trainer(_args(train_dir))
+    result = _server().run_train(_args(train_dir))
     self.assertOneLineError(
         result, "gave up after 4 consecutive skipped steps at step 28 "
         "(--max_consecutive_skips=4); no rollback: --max_rollbacks=1 used up",
