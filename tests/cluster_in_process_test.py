@@ -45,7 +45,7 @@ class InProcessClusterTest(tf.test.TestCase):
   def _train(self, sync):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     params = params_lib.TrainParams(
-        train_dir=train_dir, model="resnet20", num_towers=1, device="cpu",
+        train_dir=train_dir, model="resnet8", num_towers=1, device="cpu",
         batch_size=4, max_steps=4, save_checkpoints_steps=1,
         save_summaries_steps=1000, log_every_n_steps=4, sync_replicas=sync,
         inject_into="input", inject_nonfinite="nan@1-2",
@@ -71,9 +71,9 @@ class InProcessClusterTest(tf.test.TestCase):
     # would be NaN: they are applied with the decision, not before it.
     self.assertEqual(set(_changed(before, after)) - _COUNTERS, set())
     moved = _changed(after, applied)
-    self.assertIn("resnet20/initial/bn/moving_mean", moved)
+    self.assertIn("resnet8/initial/bn/moving_mean", moved)
     self.assertTrue(any(n.startswith(
-        "resnet20/initial/bn/moving_mean/skip_shadow_of_") for n in moved),
+        "resnet8/initial/bn/moving_mean/skip_shadow_of_") for n in moved),
                     moved)
     self.assertEqual(train_dir_util.nonfinite_entries(applied), [])
 
@@ -195,7 +195,10 @@ class LocalClusterLauncherTest(tf.test.TestCase):
     self.assertEqual(left, [])
 
   def testRejectsClusterFlagsInOneLine(self):
-    result = binaries.run("local_cluster", "--", "--job_name=ps", timeout=120)
+    # The launcher imports no TensorFlow: a fresh process that cannot
+    # (no forked_python server to start for this one run).
+    result = binaries.run("local_cluster", "--", "--job_name=ps", timeout=120,
+                          no_tensorflow=True)
     self.assertEqual(result.returncode, 2, result.stderr)
     self.assertEqual(result.stderr.strip().splitlines()[-1],
                      "local_cluster: error: --job_name is set by "

@@ -135,7 +135,7 @@ class WorkerGraphTest(tf.test.TestCase):
   """The graph a worker builds: placement, and what the chief's apply runs."""
 
   def _build(self, num_ps=1, num_workers=2, task_index=1, **overrides):
-    values = dict(model="resnet20", num_towers=2, device="cpu",
+    values = dict(model="resnet8", num_towers=2, device="cpu",
                   batch_size=2, train_dir=self.get_temp_dir())
     values.update(overrides)
     params = params_lib.TrainParams(**values).validate()
@@ -155,16 +155,16 @@ class WorkerGraphTest(tf.test.TestCase):
       for expected in ("global_step", "applied_steps", "skipped_steps",
                        "consecutive_skips", "nonfinite_steps_by_tower",
                        "max_consecutive_skips_seen",
-                       "resnet20/initial/conv/weights/Momentum"):
+                       "resnet8/initial/conv/weights/Momentum"):
         self.assertIn(expected, names)
       # The statistics' flat shadow (one per device, named for the first).
       self.assertTrue(any(n.startswith(
-          "resnet20/initial/bn/moving_mean/skip_shadow_of_") for n in names))
+          "resnet8/initial/bn/moving_mean/skip_shadow_of_") for n in names))
       for v in variables:
         self.assertStartsWith(v.device, "/job:ps/task:0", v.op.name)
       for tower in (0, 1):
         conv = graph.get_operation_by_name(
-            "tower_%d/resnet20/initial/conv/Conv2D" % tower)
+            "tower_%d/resnet8/initial/conv/Conv2D" % tower)
         self.assertEqual(conv.device,
                          "/job:worker/task:1/device:CPU:%d" % tower)
       # The towers read the iterator in a cond's branch (a replay reads
@@ -179,15 +179,17 @@ class WorkerGraphTest(tf.test.TestCase):
 
   def testVariablesSpreadOverSeveralPs(self):
     with tf.Graph().as_default():
-      self._build(num_ps=2, model="small_cnn")
+      self._build(num_ps=2, model="small_cnn", num_towers=1)
       devices = set(v.device for v in tf1.global_variables())
     self.assertEqual(devices, {"/job:ps/task:0", "/job:ps/task:1"})
 
   def testChiefsApplyRunsNoForwardPassAndStatisticsTravelWithTheGradients(
       self):
-    # One sync build (the chief's) proves both claims.
+    # One sync build (the chief's) proves both claims; one tower is enough
+    # (no tower's ops may feed the apply, whatever their number).
     with tf.Graph().as_default():
-      step, strategy = self._build(sync_replicas=True, task_index=0)
+      step, strategy = self._build(sync_replicas=True, task_index=0,
+                                   num_towers=1)
       names = step.report.variable_names
       runner = strategy.sync_optimizer.get_chief_queue_runner()
       seen, stack = set(), [op for op in runner.enqueue_ops]
@@ -204,9 +206,9 @@ class WorkerGraphTest(tf.test.TestCase):
                op.type == "IteratorGetNext"]
     self.assertEqual(forward, [])
     # The statistics travel with the gradients.
-    self.assertIn("resnet20/initial/bn/moving_mean", names)
-    self.assertIn("resnet20/initial/bn/moving_variance", names)
-    self.assertIn("resnet20/initial/conv/weights", names)
+    self.assertIn("resnet8/initial/bn/moving_mean", names)
+    self.assertIn("resnet8/initial/bn/moving_variance", names)
+    self.assertIn("resnet8/initial/conv/weights", names)
 
   def testInjectionWorkerMustExist(self):
     with tf.Graph().as_default():

@@ -1,10 +1,14 @@
 """Clusters on loopback: async and sync skips, a restarted worker.
 
-1 ps + 2 workers of the real binary, through //:local_cluster or started
-one by one. (The launcher with stand-in tasks and a ps thread in-process
-are cluster_in_process_test's: they need not run alone.) Every test bounds its run with timeouts and, in a finally block, kills what
-it started and checks that no process it started is left (by Popen.poll, and
-by scanning /proc for the run's unique directory or marker).
+2 workers of the real binary and a ps: all three through //:local_cluster
+(async), the workers forked around a ps thread of this process
+(tests/loopback_cluster.py: sync fp16), or the workers started one by one
+around a ps thread (sync, a restarted worker). (The launcher with
+stand-in tasks and a ps thread in-process are cluster_in_process_test's:
+they need not run alone.) Every test bounds its run with timeouts and, in a
+finally block, kills what it started and checks that no process it started
+is left (by Popen.poll, and by scanning /proc for the run's unique
+directory or marker).
 """
 
 import json
@@ -13,6 +17,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 
@@ -20,8 +25,11 @@ import numpy as np
 import tensorflow as tf
 
 import binaries
+import loopback_cluster
 from tf1_safe_train.cluster import local_cluster_lib
+from tf1_safe_train.cluster import replicas
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import run_summary
 
 tf1 = tf.compat.v1
@@ -88,9 +96,11 @@ class DistributedTrainTest(tf.test.TestCase):
     train_dir = self._train_dir()
     # Every step of worker 1 is poisoned: in async mode which global steps a
     # worker runs depends on timing, so a range could miss it.
+    # No replay of the skips (--max_explained_skips=0): this test reads
+    # none; the restart test checks a cluster's forensics.
     code, _, err = self._local_cluster(
         train_dir, "--max_steps=30", "--save_checkpoints_steps=1000",
-        "--inject_nonfinite=nan@0-/1")
+        "--inject_nonfinite=nan@0-/1", "--max_explained_skips=0")
     self.assertEqual(code, 0, err[-3000:])
     summary = _read_summary(train_dir)
     self.assertEqual(summary["exit_reason"], "max_steps")
@@ -126,21 +136,30 @@ class DistributedTrainTest(tf.test.TestCase):
     # worker reads: worker 1's NaN at step 8 skips the aggregate and halves
     # the scale once (not once per worker), for both workers. (Step 8: the
     # first steps may run before worker 1 has joined.)
+    # (A loopback cluster: the claim is the workers' and the chief's, not
+    # the launcher's.)
     train_dir = self._train_dir()
-    code, _, err = self._local_cluster(
-        train_dir, "--sync_replicas", "--precision=fp16", "--max_steps=12",
-        "--initial_loss_scale=256", "--loss_scale_growth_steps=1000",
-        "--save_checkpoints_steps=1", "--inject_nonfinite=nan@8/1")
-    self.assertEqual(code, 0, err[-3000:])
+    result = loopback_cluster.run(
+        ["--train_dir=" + train_dir, "--sync_replicas", "--precision=fp16",
+         "--max_steps=12", "--initial_loss_scale=256",
+         "--loss_scale_growth_steps=1000", "--save_checkpoints_steps=1",
+         "--inject_nonfinite=nan@8/1"] + list(_TRAIN_FLAGS),
+        timeout=_RUN_TIMEOUT_SECS)
+    for index, worker in enumerate(result.workers):
+      self.assertIsInstance(worker, subprocess.CompletedProcess,
+                            "worker %d: %s" % (index, worker))
+      self.assertEqual(worker.returncode, 0, worker.stderr[-3000:])
+    self.assertTrue(result.ps_ended, "the ps did not end with the run")
+    worker0, worker1 = (w.stderr.splitlines() for w in result.workers)
     summary = _read_summary(train_dir)
     self.assertEqual((summary["global_step"], summary["skipped_steps"],
                       summary["applied_steps"]), (12, 1, 11))
     self.assertEqual(summary["loss_scale"], 128.0)
-    reports = _skip_reports(_task_lines(err, "worker 1"))
+    reports = _skip_reports(worker1)
     self.assertLen(reports, 1)
     self.assertIn("skipped step 8", reports[0])
     self.assertIn("at scale 256", reports[0])
-    self.assertEqual(_skip_reports(_task_lines(err, "worker 0")), [])
+    self.assertEqual(_skip_reports(worker0), [])
     path = os.path.join(train_dir, "model.ckpt-%d")
     scales = [_checkpoint_values(path % s)["loss_scale/scale"]
               for s in (8, 9, 12)]
@@ -149,15 +168,21 @@ class DistributedTrainTest(tf.test.TestCase):
   def testRestartedWorkerRejoinsAndSyncSkipsTheAggregateForEveryReplica(
       self):
     # One sync run proves both: worker 1 is killed at step 10 and restarted,
-    # and the restarted worker's gradients are poisoned at steps 26-28.
+    # and the restarted worker's gradients are poisoned at steps 26-28. The
+    # ps is a thread of this process (serve_parameter_server, as the ps task
+    # runs it; a restarted worker still counts once): the ps binary's own
+    # end is testAsyncDropsOnlyThePoisonedWorkersUpdates'.
     train_dir = self._train_dir()
-    ports = local_cluster_lib.free_ports(3)
-    cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
-               "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
+    config = local_cluster_lib.make_cluster(num_ps=1, num_workers=2)
+    cluster = config.cluster
     flags = ["--train_dir=" + train_dir, "--sync_replicas", "--max_steps=30",
              "--save_checkpoints_steps=1", "--inject_nonfinite=nan@26-28/1"
             ] + list(_TRAIN_FLAGS)
     processes, logs = {}, {}
+    ps = threading.Thread(target=replicas.serve_parameter_server,
+                          args=(config.for_task("ps", 0),
+                                params_lib.TrainParams(device="cpu")),
+                          daemon=True)
 
     def start(name, job, index):
       logs[name] = os.path.join(train_dir, name + ".log")
@@ -181,7 +206,7 @@ class DistributedTrainTest(tf.test.TestCase):
         time.sleep(0.2)
 
     try:
-      start("ps", "ps", 0)
+      ps.start()
       start("worker0", "worker", 0)
       start("worker1", "worker", 1)
       wait_for("worker1", r"hooks.py:\d+\] step 10/")
@@ -199,9 +224,11 @@ class DistributedTrainTest(tf.test.TestCase):
         wait_for("worker1_again", r"worker 1 joined the run at global_step")
       finally:
         os.kill(processes["worker0"].pid, signal.SIGCONT)
-      for name in ("worker0", "worker1_again", "ps"):
+      for name in ("worker0", "worker1_again"):
         self.assertEqual(processes[name].wait(timeout=_RUN_TIMEOUT_SECS), 0,
                          log_of(name)[-3000:])
+      ps.join(60)
+      self.assertFalse(ps.is_alive(), "the ps did not end with the run")
     finally:
       for process in processes.values():
         if process.poll() is None:

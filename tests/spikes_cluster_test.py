@@ -1,6 +1,7 @@
 """Spike skips in a loopback cluster: the chief decides on the aggregate.
 
-One sync run of //:local_cluster (1 ps + 2 workers): worker 1's gradients
+One sync run of a loopback cluster (1 ps + 2 workers of //:train; the ps a
+thread, the workers forked: tests/loopback_cluster.py): worker 1's gradients
 are scaled by 1e4 at one step; the aggregate's gradient-norm spike is skipped
 for every replica and nothing but the counters moves. Loss spikes are
 refused with --sync_replicas in one line.
@@ -8,6 +9,7 @@ refused with --sync_replicas in one line.
 
 import json
 import os
+import subprocess
 import tempfile
 import uuid
 
@@ -15,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import binaries
+import loopback_cluster
 from tf1_safe_train.trainer import run_summary
 
 tf1 = tf.compat.v1
@@ -32,25 +35,28 @@ def _checkpoint_values(path):
 
 class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
 
-  def _local_cluster(self, *flags):
-    """Runs //:local_cluster; returns (its train_dir, run summary)."""
+  def _cluster(self, *flags):
+    """Runs a loopback cluster; returns (its train_dir, run summary)."""
     train_dir = tempfile.mkdtemp(prefix="run_%s_" % uuid.uuid4().hex[:8],
                                  dir=self.get_temp_dir())
-    command = binaries.command("local_cluster") + [
-        "--num_ps=1", "--num_workers=2", "--stop_grace_secs=30", "--",
+    result = loopback_cluster.run([
         "--train_dir=" + train_dir, "--batch_size=4", "--num_towers=1",
         "--device=cpu", "--save_summaries_steps=1000",
-        "--skip_spikes_sigma=6", "--spike_warmup_steps=8"] + list(flags)
-    returncode, _, err, left = binaries.run_to_end(command, train_dir,
-                                                   _TIMEOUT_SECS)
-    self.assertEqual(left, [], "processes left running")
-    self.assertEqual(returncode, 0, err[-3000:])
-    self._log = err
+        "--skip_spikes_sigma=6", "--spike_warmup_steps=8"] + list(flags),
+                                  timeout=_TIMEOUT_SECS)
+    logs = []
+    for index, worker in enumerate(result.workers):
+      self.assertIsInstance(worker, subprocess.CompletedProcess,
+                            "worker %d: %s" % (index, worker))
+      self.assertEqual(worker.returncode, 0, worker.stderr[-3000:])
+      logs.append(worker.stderr)
+    self.assertTrue(result.ps_ended, "the ps did not end with the run")
+    self._log = "\n".join(logs)
     with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
       return train_dir, json.load(f)
 
   def testSyncSkipsTheAggregatesGradientNormSpike(self):
-    train_dir, summary = self._local_cluster(
+    train_dir, summary = self._cluster(
         "--sync_replicas", "--max_steps=16", "--save_checkpoints_steps=1",
         "--inject_nonfinite=scale1e4@13/1")
     self.assertEqual(summary["global_step"], 16)
@@ -68,7 +74,7 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
     # Each worker decides on its own gradients and loss; the statistics on
     # the ps learn from every worker's applied steps. Both workers spike
     # from global step 10 on (which steps each runs depends on timing).
-    train_dir, summary = self._local_cluster(
+    train_dir, summary = self._cluster(
         "--max_steps=20", "--save_checkpoints_steps=1000",
         "--skip_loss_spikes", "--spike_max_streak=1000",
         "--max_consecutive_skips=0",
@@ -89,9 +95,12 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
                         if np.issubdtype(np.asarray(v).dtype, np.floating)))
 
   def testLossSpikesWithSyncReplicasAreRefusedInOneLine(self):
+    # Refused before TensorFlow's import (param_validation): a fresh
+    # process that cannot import it, no forked_python server to start.
     result = binaries.run("train", "--sync_replicas", "--skip_spikes_sigma=6",
                           "--skip_loss_spikes",
-                          "--train_dir=" + self.get_temp_dir())
+                          "--train_dir=" + self.get_temp_dir(),
+                          no_tensorflow=True)
     self.assertOneLineError(
         result, "--skip_loss_spikes is not supported with --sync_replicas",
         exit_code=2)
