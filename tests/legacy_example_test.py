@@ -12,6 +12,7 @@ import os
 # requirements-legacy.txt), which TF 2.16+ only uses if this is set.
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
+import collections  # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import difflib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import subprocess  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -108,64 +109,92 @@ class MigrationTest(tf.test.TestCase):
     ], diff)
 
 
+def _structure(model, kinds):
+  """What TowersTest checks of a built model (its variables by kind, as
+  `_variables_by_kind`), read from its graph."""
+  graph = tf1.get_default_graph()
+  ran = {op.name for op in _ancestors(model.train_op)}
+  return {
+      "losses": [(loss.device, loss.op.name) for loss in model.tower_losses],
+      "kinds": kinds,
+      "variable_devices": {name: graph.get_operation_by_name(name).device
+                           for names in kinds.values() for name in names},
+      "update_ops": [(op.name, op.name in ran) for op in
+                     tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)],
+      "model_update_ops": len(model.update_ops),
+  }
+
+
 class TowersTest(tf.test.TestCase, parameterized.TestCase):
+  """On the graphs SkipTest.testAppliedStepsEqualTheLegacyScript trains."""
 
   @parameterized.named_parameters(("Legacy", legacy), ("Migrated", migrated))
   def testTowersOnTheirDevicesVariablesOnCpu0(self, module):
-    with tf.Graph().as_default():
-      model = _build(module)
-      for i, loss in enumerate(model.tower_losses):
-        self.assertEqual("/device:CPU:%d" % i, loss.device)
-        self.assertStartsWith(loss.op.name, "tower_%d/" % i)
-      kinds = _variables_by_kind(model)
-      for names in kinds.values():
-        self.assertNotEmpty(names)
-        for name in names:
-          variable = tf1.get_default_graph().get_operation_by_name(name)
-          self.assertEqual("/device:CPU:0", variable.device, name)
-      # Shared, not one copy per tower.
-      self.assertEqual(
-          ["bn1/beta", "bn1/gamma", "bn2/beta", "bn2/gamma", "conv1/kernel",
-           "conv2/kernel", "logits/bias", "logits/kernel"],
-          sorted(kinds["weights"]))
+    structure = _run(module, nan_tower=-1).structure
+    for i, (device, name) in enumerate(structure["losses"]):
+      self.assertEqual("/device:CPU:%d" % i, device)
+      self.assertStartsWith(name, "tower_%d/" % i)
+    kinds = structure["kinds"]
+    for names in kinds.values():
+      self.assertNotEmpty(names)
+      for name in names:
+        self.assertEqual("/device:CPU:0", structure["variable_devices"][name],
+                         name)
+    # Shared, not one copy per tower.
+    self.assertEqual(
+        ["bn1/beta", "bn1/gamma", "bn2/beta", "bn2/gamma", "conv1/kernel",
+         "conv2/kernel", "logits/bias", "logits/kernel"],
+        sorted(kinds["weights"]))
 
   @parameterized.named_parameters(("Legacy", legacy), ("Migrated", migrated))
   def testOnlyTheFirstTowersStatisticsAreUpdated(self, module):
-    with tf.Graph().as_default():
-      model = _build(module)
-      update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
-      self.assertLen(update_ops, 8)  # 2 towers x 2 batch norms x 2 stats.
-      self.assertLen(model.update_ops, 4)
-      ran = {op.name for op in _ancestors(model.train_op)}
-      for op in update_ops:
-        self.assertEqual(op.name.startswith("tower_0/"), op.name in ran,
-                         op.name)
+    structure = _run(module, nan_tower=-1).structure
+    update_ops = structure["update_ops"]
+    self.assertLen(update_ops, 8)  # 2 towers x 2 batch norms x 2 stats.
+    self.assertEqual(4, structure["model_update_ops"])
+    for name, ran in update_ops:
+      self.assertEqual(name.startswith("tower_0/"), ran, name)
+
+
+_Run = collections.namedtuple("_Run", "states losses kinds counters structure")
+_RUNS = {}  # (module, nan_tower, v1_behavior) -> its _Run, trained once.
+
+
+def _run(module, nan_tower, v1_behavior=False):
+  """Runs steps 0..NAN_STEP+1 (once per arguments); returns a _Run: the
+  states after each step, the losses, the variables by kind, the counters
+  and the graph's structure."""
+  key = (module.__name__, nan_tower, v1_behavior)
+  if key not in _RUNS:
+    _RUNS[key] = _train(module, nan_tower, v1_behavior)
+  return _RUNS[key]
+
+
+def _train(module, nan_tower, v1_behavior):
+  states, losses = [], []
+  with _v1_behavior(v1_behavior), tf.Graph().as_default():
+    model = _build(module, nan_tower)
+    kinds = _variables_by_kind(model)
+    structure = _structure(model, kinds)
+    with tf1.Session(config=_CONFIG) as sess:
+      sess.run(tf1.global_variables_initializer())
+      states.append(_state(sess))
+      for _ in range(_NAN_STEP + 2):
+        _, loss = sess.run([model.train_op, model.tower_losses])
+        states.append(_state(sess))
+        losses.append(loss)
+      counters = sess.run(tf1.get_collection(counters_lib.COLLECTION) +
+                          [model.global_step])
+  return _Run(states, losses, kinds, counters, structure)
 
 
 class SkipTest(tf.test.TestCase, parameterized.TestCase):
-
-  def _run(self, module, nan_tower, v1_behavior=False):
-    """Runs steps 0..NAN_STEP+1; returns the states after each and losses."""
-    states, losses = [], []
-    with _v1_behavior(v1_behavior), tf.Graph().as_default():
-      model = _build(module, nan_tower)
-      kinds = _variables_by_kind(model)
-      with tf1.Session(config=_CONFIG) as sess:
-        sess.run(tf1.global_variables_initializer())
-        states.append(_state(sess))
-        for _ in range(_NAN_STEP + 2):
-          _, loss = sess.run([model.train_op, model.tower_losses])
-          states.append(_state(sess))
-          losses.append(loss)
-        counters = sess.run(tf1.get_collection(counters_lib.COLLECTION) +
-                            [model.global_step])
-    return states, losses, kinds, counters
 
   @parameterized.named_parameters(
       ("Tower0", 0, False), ("Tower1", 1, False),
       ("Tower1V1Behavior", 1, True))
   def testNanBatchIsSkippedAndChangesNothing(self, nan_tower, v1_behavior):
-    states, _, kinds, counters = self._run(migrated, nan_tower, v1_behavior)
+    states, _, kinds, counters, _ = _run(migrated, nan_tower, v1_behavior)
     initial, before, after_nan, after_next = (
         states[0], states[_NAN_STEP], states[_NAN_STEP + 1],
         states[_NAN_STEP + 2])
@@ -189,7 +218,7 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(("Tower0", 0), ("Tower1", 1))
   def testWithoutTheWrapperTheNanBatchPoisonsTheModel(self, nan_tower):
-    states, losses, kinds, _ = self._run(legacy, nan_tower)
+    states, losses, kinds, _, _ = _run(legacy, nan_tower)
     before, after_nan, after_next = states[_NAN_STEP:_NAN_STEP + 3]
     for name in before:
       self.assertTrue(np.isfinite(before[name]).all(), name)
@@ -208,8 +237,8 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
   def testAppliedStepsEqualTheLegacyScript(self):
     # No NaN: the migrated script trains bit-identically to the original
     # (same statistics updates, same EMA).
-    legacy_states, _, kinds, _ = self._run(legacy, nan_tower=-1)
-    migrated_states, _, _, _ = self._run(migrated, nan_tower=-1)
+    legacy_states, _, kinds, _, _ = _run(legacy, nan_tower=-1)
+    migrated_states, _, _, _, _ = _run(migrated, nan_tower=-1)
     for name in sum(kinds.values(), []):
       self.assertTrue(np.array_equal(legacy_states[-1][name],
                                      migrated_states[-1][name]), name)

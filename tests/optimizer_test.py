@@ -75,15 +75,19 @@ def _optimizer_variables(opt, var_list):
 
 
 class _SkipAxesMixin(object):
-  """The two claims checked for every optimizer and configuration."""
+  """The two claims checked for every optimizer and configuration, in one
+  graph and session: a NaN step changes nothing, and applied steps equal
+  the unwrapped optimizer's (an unwrapped copy of the model beside it gets
+  the same finite batches; the wrapped one also the NaN batch between)."""
 
-  def _checkNanStepChangesNothing(self, opt_name):
+  def _checkSkipsAndAppliesLikeUnwrapped(self, opt_name):
     make, slot_names = _OPTIMIZERS[opt_name]
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [3])
       loss, var_list = test_util.model(x)
       global_step = tf1.train.get_or_create_global_step()
       opt = optimizer_lib.SkipNonFiniteOptimizer(make())
+      # Before the unwrapped copy exists: minimize's default var_list.
       train_op = opt.minimize(loss, global_step=global_step)
       counters = counters_lib.skip_counters()
       exclude = list(counters) + [global_step]
@@ -91,10 +95,20 @@ class _SkipAxesMixin(object):
       opt_vars = _optimizer_variables(opt, var_list)
       self.assertLen(opt_vars, len(slot_names) * len(var_list) + (
           2 if opt_name == "Adam" else 0))
+      plain_loss, plain_vars = test_util.model(x, "plain")
+      plain_opt = make()
+      plain_op = plain_opt.minimize(plain_loss, var_list=plain_vars)
+      guarded_all = var_list + sorted(opt_vars.values(),
+                                      key=lambda v: v.op.name)
+      plain_all = plain_vars + sorted(
+          _optimizer_variables(plain_opt, plain_vars).values(),
+          key=lambda v: v.op.name)
+      self.assertLen(guarded_all, len(plain_all))
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial = test_util.snapshot(sess, exclude)
         sess.run(train_op, {x: test_util.GOOD_X})
+        sess.run(plain_op, {x: test_util.GOOD_X})
         after_good = test_util.snapshot(sess, exclude)
         self.assertEqual([1, 0, 0, 1], sess.run(exclude))
         # Every model and optimizer variable is in the snapshot, and the good
@@ -120,31 +134,13 @@ class _SkipAxesMixin(object):
           self.assertTrue(np.isfinite(value).all(), var.op.name)
           self.assertFalse(np.array_equal(after_nan[var.op.name], value))
 
-  def _checkAppliedStepEqualsUnwrapped(self, opt_name):
-    make, _ = _OPTIMIZERS[opt_name]
-    with tf.Graph().as_default():
-      x = tf1.placeholder(tf.float32, [3])
-      guarded_loss, guarded_vars = test_util.model(x, "guarded")
-      plain_loss, plain_vars = test_util.model(x, "plain")
-      guarded_opt = optimizer_lib.SkipNonFiniteOptimizer(make())
-      plain_opt = make()
-      guarded_op = guarded_opt.minimize(guarded_loss, var_list=guarded_vars)
-      plain_op = plain_opt.minimize(plain_loss, var_list=plain_vars)
-      guarded_all = guarded_vars + sorted(
-          _optimizer_variables(guarded_opt, guarded_vars).values(),
-          key=lambda v: v.op.name)
-      plain_all = plain_vars + sorted(
-          _optimizer_variables(plain_opt, plain_vars).values(),
-          key=lambda v: v.op.name)
-      self.assertLen(guarded_all, len(plain_all))
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        initial = sess.run(guarded_vars)
-        for batch in (test_util.GOOD_X, test_util.GOOD_X2, test_util.GOOD_X):
-          sess.run(guarded_op, {x: batch})
-          sess.run(plain_op, {x: batch})
+        # Applied steps as unwrapped: three finite batches each.
+        sess.run(plain_op, {x: test_util.GOOD_X2})
+        sess.run(train_op, {x: test_util.GOOD_X})
+        sess.run(plain_op, {x: test_util.GOOD_X})
         guarded_values, plain_values = sess.run([guarded_all, plain_all])
-      self.assertFalse(np.array_equal(initial[0], guarded_values[0]))
+      self.assertFalse(np.array_equal(initial[var_list[0].op.name],
+                                      guarded_values[0]))
       for var, guarded, plain in zip(guarded_all, guarded_values, plain_values):
         self.assertTrue(np.array_equal(plain, guarded),
                         "%s: %r != %r" % (var.op.name, guarded, plain))
@@ -155,12 +151,9 @@ class EveryOptimizerTest(tf.test.TestCase, parameterized.TestCase,
   """All optimizers with the default configuration (cond v2, resources)."""
 
   @parameterized.named_parameters(*[(n, n) for n in sorted(_OPTIMIZERS)])
-  def testSkipsWhenGradHasNan(self, opt_name):
-    self._checkNanStepChangesNothing(opt_name)
-
-  @parameterized.named_parameters(*[(n, n) for n in sorted(_OPTIMIZERS)])
-  def testAppliesWhenAllFiniteLikeUnwrapped(self, opt_name):
-    self._checkAppliedStepEqualsUnwrapped(opt_name)
+  def testSkipsWhenGradHasNanAppliesWhenAllFiniteLikeUnwrapped(self,
+                                                               opt_name):
+    self._checkSkipsAndAppliesLikeUnwrapped(opt_name)
 
   @parameterized.named_parameters(*[(n, n) for n in sorted(_OPTIMIZERS)])
   def testVariableNamesMatchUnwrapped(self, opt_name):
@@ -191,16 +184,10 @@ class OtherConfigsTest(tf.test.TestCase, parameterized.TestCase,
   @parameterized.named_parameters(*[
       ("%s%s" % (opt, cfg), opt, cfg)
       for opt, cfg in itertools.product(_REPRESENTATIVE, sorted(_CONFIGS))])
-  def testSkipsWhenGradHasNan(self, opt_name, config):
+  def testSkipsWhenGradHasNanAppliesWhenAllFiniteLikeUnwrapped(self, opt_name,
+                                                               config):
     with test_util.tf_config(*_CONFIGS[config]):
-      self._checkNanStepChangesNothing(opt_name)
-
-  @parameterized.named_parameters(*[
-      ("%s%s" % (opt, cfg), opt, cfg)
-      for opt, cfg in itertools.product(_REPRESENTATIVE, sorted(_CONFIGS))])
-  def testAppliesWhenAllFiniteLikeUnwrapped(self, opt_name, config):
-    with test_util.tf_config(*_CONFIGS[config]):
-      self._checkAppliedStepEqualsUnwrapped(opt_name)
+      self._checkSkipsAndAppliesLikeUnwrapped(opt_name)
 
   def testConfigIsInEffect(self):
     # The configs above really build ref variables and v1 conds.

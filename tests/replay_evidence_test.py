@@ -52,26 +52,38 @@ class ReplayEvidenceTest(tf.test.TestCase):
     self.assertEqual(ids, sorted(record["towers"][0]["example_ids"]))
     self.assertEqual(excluded["by_reason"], {"reproducible_batch": 4})
 
-  def testOneTowerComparesWithTheLastAppliedBatch(self):
-    train_dir, _, record = self._record(
-        "applied", num_towers=1, inject_nonfinite="scale1e37@1")
-    self.assertEqual(record["verdict"], replay_lib.REPRODUCIBLE)
-    self.assertTrue(record["exclude"])
-    self.assertEqual(record["control"]["source"], "last_applied_batch")
-    self.assertEqual(record["control"]["step"], 0)
-    self.assertTrue(record["control"]["finite"])
-    self.assertIn("the last applied batch (step 0) is finite",
-                  replay_lib.line(1, record))
-    self.assertLen(exclusion.excluded(train_dir)[0], 4)
-
-  def testOneTowerWithNothingAppliedExcludesNothing(self):
-    train_dir, summary, record = self._record(
-        "first", num_towers=1, inject_nonfinite="scale1e37@0", max_steps=1)
-    self.assertEqual(record["verdict"], replay_lib.UNDECIDED)
-    self.assertFalse(record["exclude"])
-    self.assertNotIn("control", record)
-    self.assertEqual(summary["forensics"]["verdicts"], {"undecided": 1})
-    self.assertEqual(exclusion.excluded(train_dir)[0], [])
+  # One one-tower run proves both one-tower cases: step 0's spike has
+  # nothing applied before it (undecided, nothing excluded), step 2's has
+  # step 1's applied batch to compare with (the data).
+  def testOneTowerComparesWithTheLastAppliedBatchIfThereIsOne(self):
+    train_dir = os.path.join(self.get_temp_dir(), "one_tower")
+    summary = _train(train_dir, num_towers=1,
+                     inject_nonfinite="scale1e37@0,scale1e37@2")
+    first, applied = skip_log.read_all(train_dir)
+    for record in (first, applied):
+      self.assertTrue(record["reproduced"])
+      self.assertEqual(record["replay"]["input_ids"], [])  # A finite input.
+    self.assertEqual((first["step"], applied["step"]), (0, 2))
+    self.assertEqual(summary["forensics"]["verdicts"],
+                     {"undecided": 1, "reproducible": 1})
+    # Nothing applied yet: nothing says it is the data.
+    self.assertEqual(first["verdict"], replay_lib.UNDECIDED)
+    self.assertFalse(first["exclude"])
+    self.assertNotIn("control", first)
+    # The last applied batch (step 1) passes on the same weights.
+    self.assertEqual(applied["verdict"], replay_lib.REPRODUCIBLE)
+    self.assertTrue(applied["exclude"])
+    self.assertEqual(applied["control"]["source"], "last_applied_batch")
+    self.assertEqual(applied["control"]["step"], 1)
+    self.assertTrue(applied["control"]["finite"])
+    self.assertIn("the last applied batch (step 1) is finite",
+                  replay_lib.line(2, applied))
+    # Only step 2's batch is excluded, none of step 0's.
+    ids, _ = exclusion.excluded(train_dir)
+    self.assertEqual(ids, sorted(applied["towers"][0]["example_ids"]))
+    self.assertLen(ids, 4)
+    self.assertEqual(
+        set(ids) & set(first["towers"][0]["example_ids"]), set())
 
   def testModelVerdictRollsBackAtOnce(self):
     # Step 0 (applied) wrecks the weights; each later step is a skip whose
