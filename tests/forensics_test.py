@@ -21,9 +21,40 @@ from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import train_lib
 
 _params = forensics_test_util.params
+tf1 = tf.compat.v1
 
 
 class ForensicsTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    root = tf1.test.get_temp_dir()
+    # One run proves the grads drill's verdict (its first skip, tower 1, the
+    # one replay --max_explained_skips=1 allows) and the rate limit (its
+    # second skip, tower 0: recorded, not replayed), and that each record is
+    # appended before a checkpoint covers its step (one every step).
+    cls.grads_dir = os.path.join(root, "grads")
+    cls.saved = []  # (step, the steps recorded then) of each checkpoint.
+    save = checkpoints.FiniteSaver.save
+
+    def recording_save(saver, sess, save_path, global_step=None, **kwargs):
+      step = int(sess.run(global_step) if tf.is_tensor(global_step)
+                 else global_step)
+      cls.saved.append((step, [r["step"] for r in skip_log.read_all(
+          cls.grads_dir)]))
+      return save(saver, sess, save_path, global_step=global_step, **kwargs)
+
+    with mock.patch.object(checkpoints.FiniteSaver, "save", recording_save):
+      cls.grads = train_lib.train(_params(
+          cls.grads_dir, max_explained_skips=1, save_checkpoints_steps=1,
+          inject_nonfinite="nan@1:1,nan@2:0", inject_into="grads"))
+    # One fp16 run on one tower proves the loss drill's verdict (its skip at
+    # the floor scale, the only one replayed) and the fp16 replay policy.
+    cls.fp16_dir = os.path.join(root, "fp16")
+    train_lib.train(_params(cls.fp16_dir, num_towers=1, precision="fp16",
+                            initial_loss_scale=4.0, inject_nonfinite="inf@1-3",
+                            inject_into="loss"))
 
   def _dir(self, name):
     return os.path.join(self.get_temp_dir(), name)
@@ -79,11 +110,9 @@ class ForensicsTest(tf.test.TestCase):
     self.assertTrue(bad <= control.ids)
 
   def testGradsDrillIsNotReproducibleAndNamesTheDevice(self):
-    train_dir = self._dir("grads")
-    summary = train_lib.train(_params(train_dir, inject_nonfinite="nan@2:1",
-                                      inject_into="grads"))
-    (record,) = skip_log.read_all(train_dir)
-    self.assertEqual(record["step"], 2)
+    train_dir, summary = self.grads_dir, self.grads
+    record = skip_log.read_all(train_dir)[0]
+    self.assertEqual(record["step"], 1)
     self.assertEqual(record["verdict"],
                      "not reproducible: suspect /device:CPU:1")
     self.assertEqual(record["suspect_device"], "/device:CPU:1")
@@ -95,38 +124,21 @@ class ForensicsTest(tf.test.TestCase):
     self.assertEqual(summary["forensics"]["suspect_devices"],
                      {"/device:CPU:1": 1})
     self.assertEqual(summary["forensics"]["explained_skips"], 1)
-    self.assertEqual(record["state_dir"], os.path.join("skips", "step-2-1"))
+    self.assertEqual(record["state_dir"], os.path.join("skips", "step-1-1"))
     saved = os.path.join(train_dir, record["state_dir"])
     with open(os.path.join(saved, forensics.PARAMS_FILE)) as f:
-      self.assertEqual(json.load(f)["step"], 2)
+      self.assertEqual(json.load(f)["step"], 1)
 
   def testLossDrillOnOneTowerIsNotReproducibleOnTheSameDevice(self):
-    train_dir = self._dir("loss")
-    train_lib.train(_params(train_dir, num_towers=1,
-                            inject_nonfinite="inf@1", inject_into="loss"))
-    (record,) = skip_log.read_all(train_dir)
+    # The fp16 run's skip at the floor scale (testFp16Replays...).
+    record = skip_log.read_all(self.fp16_dir)[2]
     self.assertEqual(record["verdict"],
                      "not reproducible: suspect /device:CPU:0")
     self.assertTrue(record["weaker"])
     self.assertNotIn("other", record)  # No other tower to replay on.
 
   def testReplaysAreRateLimitedButEverySkipIsRecordedBeforeACheckpoint(self):
-    # One run proves both: every skip leaves a record (only the first is
-    # replayed), and each record is appended before a checkpoint covers it.
-    train_dir = self._dir("limit")
-    seen = []
-    save = checkpoints.FiniteSaver.save
-
-    def recording_save(saver, sess, save_path, global_step=None, **kwargs):
-      step = int(sess.run(global_step) if tf.is_tensor(global_step)
-                 else global_step)
-      seen.append((step, [r["step"] for r in skip_log.read_all(train_dir)]))
-      return save(saver, sess, save_path, global_step=global_step, **kwargs)
-
-    with mock.patch.object(checkpoints.FiniteSaver, "save", recording_save):
-      summary = train_lib.train(_params(train_dir, max_explained_skips=1,
-                                        save_checkpoints_steps=1,
-                                        inject_nonfinite="nan@1-2:0"))
+    train_dir, summary = self.grads_dir, self.grads
     records = skip_log.read_all(train_dir)
     self.assertEqual([r["step"] for r in records], [1, 2])
     self.assertIn("replay", records[0])
@@ -139,17 +151,13 @@ class ForensicsTest(tf.test.TestCase):
     self.assertEqual(summary["forensics"]["explained_skips"], 1)
     # A checkpoint of step S covers the skips of steps below S: their
     # records (replayed or not) were already there when it was written.
-    self.assertEqual([step for step, _ in seen if step > 1], [2, 3, 4])
-    for step, recorded in seen:
+    self.assertEqual([step for step, _ in self.saved if step > 1], [2, 3, 4])
+    for step, recorded in self.saved:
       self.assertEqual(recorded, [s for s in (1, 2) if s < step], step)
 
   def testFp16ReplaysOnlySkipsAtTheFloorScaleWithTheScaleTheStepUsed(self):
-    train_dir = self._dir("fp16")
     # Scale 4 -> 2 -> 1: the first two skips are expected overflows.
-    train_lib.train(_params(train_dir, num_towers=1, precision="fp16",
-                            initial_loss_scale=4.0,
-                            inject_nonfinite="nan@1-3:0"))
-    records = skip_log.read_all(train_dir)
+    records = skip_log.read_all(self.fp16_dir)
     self.assertEqual([r["step"] for r in records], [1, 2, 3])
     self.assertEqual([r["loss_scale"] for r in records], [4.0, 2.0, 1.0])
     for record, scale in zip(records[:2], ("4", "2")):
