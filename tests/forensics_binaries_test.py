@@ -60,8 +60,9 @@ class ReplayBinaryTest(tf.test.TestCase):
     root = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
     cls.root = root
     cls.input_dir = os.path.join(root, "input")
-    cls.input_log = _train(cls.input_dir, "--max_steps=3",
-                           "--inject_nonfinite=nan@1:1",
+    # One tower (the flag given last wins): no claim here is about towers.
+    cls.input_log = _train(cls.input_dir, "--max_steps=3", "--num_towers=1",
+                           "--inject_nonfinite=nan@1:0",
                            "--inject_into=input").stderr
     cls.grads_dir = os.path.join(root, "grads")
     # One tower: its claims are not about towers.
