@@ -9,14 +9,14 @@ example again.
 A binary is launched once per claim about binaries (exit code, printed
 line, error line); what the library behind it decides (another verdict,
 another refusal, a restart after the kill) is checked in-process, each
-launch costing TensorFlow's import.
+launch costing TensorFlow's import. The killed trainer is forked from the
+binaries server too (`binaries.run` in a thread, killed from the test).
 """
 
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
+import threading
 import time
 
 import tensorflow as tf
@@ -45,10 +45,11 @@ def _train(train_dir, *flags):
 def _train_in_process(train_dir, **values):
   """`_train` as a library call: `TrainParams` of `_TRAIN_FLAGS` and
   `values`."""
+  values = dict(dict(num_towers=2, device="cpu", batch_size=4,
+                     save_summaries_steps=1000, log_every_n_steps=1000),
+                **values)
   return train_lib.train(params_lib.TrainParams(
-      train_dir=train_dir, num_towers=2, device="cpu", batch_size=4,
-      save_summaries_steps=1000, log_every_n_steps=1000,
-      **values).validate())
+      train_dir=train_dir, **values).validate())
 
 
 class ReplayBinaryTest(tf.test.TestCase):
@@ -59,11 +60,14 @@ class ReplayBinaryTest(tf.test.TestCase):
     root = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
     cls.root = root
     cls.input_dir = os.path.join(root, "input")
-    cls.input_log = _train(cls.input_dir, "--max_steps=3",
-                           "--inject_nonfinite=nan@1:1",
+    # One tower (the flag given last wins): no claim here is about towers.
+    cls.input_log = _train(cls.input_dir, "--max_steps=3", "--num_towers=1",
+                           "--inject_nonfinite=nan@1:0",
                            "--inject_into=input").stderr
     cls.grads_dir = os.path.join(root, "grads")
-    _train_in_process(cls.grads_dir, max_steps=3, inject_nonfinite="nan@2:0")
+    # One tower: its claims are not about towers.
+    _train_in_process(cls.grads_dir, max_steps=3, num_towers=1,
+                      inject_nonfinite="nan@2:0")
 
   def _replay(self, *flags):
     return binaries.run("replay", *flags, timeout=300)
@@ -145,35 +149,59 @@ class ReplayBinaryTest(tf.test.TestCase):
     self.assertIn("--noexclude_reproducible_skips", errors[0])
 
 
+def _parent(pid):
+  """The parent pid of process `pid`, or None if it is gone."""
+  try:
+    with open("/proc/%d/stat" % pid) as f:
+      return int(f.read().rsplit(")", 1)[1].split()[1])
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+def _runs_of(train_dir):
+  """The processes of a `binaries.run` of `train_dir`: a run forked from
+  the server (our child) is our grandchild; a fresh one has `train_dir` on
+  its command line."""
+  pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+  children = {p for p in pids if _parent(p) == os.getpid()}
+  return sorted(set(p for p in pids if _parent(p) in children) |
+                set(binaries.processes_with(train_dir)))
+
+
 class SigkillTest(tf.test.TestCase):
 
   def testOneRecordPerSkipAcrossSigkillAndRestart(self):
     train_dir = os.path.join(self.get_temp_dir(), "killed")
-    args = ["--train_dir=" + train_dir, "--max_steps=6",
-            "--save_checkpoints_steps=1", "--inject_nonfinite=nan@2:0,nan@4:1",
-            "--inject_into=input"] + _TRAIN_FLAGS
+    # One tower: the claim is of records and examples, not of towers.
+    drill = dict(max_steps=6, save_checkpoints_steps=1, num_towers=1,
+                 inject_nonfinite="nan@2:0,nan@4:0", inject_into="input")
     log = skip_log.path(train_dir)
-    process = subprocess.Popen(
-        binaries.command("train") + args, env=binaries.env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+    ended = []
+    # //:train forked from the binaries server (no TensorFlow import of its
+    # own), killed from here: a SIGKILL to its process as to a fresh one.
+    flags = [f for f in _TRAIN_FLAGS if not f.startswith("--num_towers=")]
+    flags += ["--%s=%s" % item for item in sorted(drill.items())]
+    run = threading.Thread(target=lambda: ended.append(binaries.run(
+        "train", "--train_dir=" + train_dir, *flags, timeout=300)))
+    run.start()
     try:
       deadline = time.time() + 300
-      while not os.path.exists(log) and process.poll() is None:
+      # Until a whole record is there (the file exists a moment before).
+      while not (os.path.exists(log) and skip_log.read(log)) and not ended:
         self.assertLess(time.time(), deadline)
         time.sleep(0.01)
       # Killed right after the first record: the step's checkpoint may or
       # may not be written; either way the restart must not lose or
       # duplicate a record.
-      os.killpg(process.pid, signal.SIGKILL)
+      binaries.kill(_runs_of(train_dir))
     finally:
-      process.wait()
+      run.join()
+    self.assertNotEqual(ended[0].returncode, 0, ended[0].stderr)
     # (A slow poll may see the second record too.)
     before = skip_log.read(log)
     self.assertIn([r["step"] for r in before], ([2], [2, 4]))
     # The restart in-process: the claim is of the files the kill left.
-    _train_in_process(train_dir, max_steps=6, save_checkpoints_steps=1,
-                      inject_nonfinite="nan@2:0,nan@4:1", inject_into="input")
+    _train_in_process(train_dir, **drill)
     records = skip_log.read(log)
     # Nothing lost: the records written before the kill are still there.
     for record in before:

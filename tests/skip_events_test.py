@@ -19,6 +19,9 @@ from tf1_safe_train.trainer import offline_replay
 from tf1_safe_train.trainer import skip_states
 from tf1_safe_train.trainer import train_lib
 
+tf1 = tf.compat.v1
+
+
 def _params(train_dir, **overrides):
   return forensics_test_util.params(train_dir,
                                     **dict(dict(num_towers=1), **overrides))
@@ -39,75 +42,90 @@ def _states(train_dir):
 
 class SkipEventsTest(tf.test.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # One train_dir sees the three regressions' runs, each a graph built:
+    # 1. three skips at step 2 (the step does not advance), then a give-up;
+    # 2. after a crash before any checkpoint covered them, a rerun that
+    #    skips at step 2 three times again (other examples), keeping the
+    #    states of its newest two explained skips only;
+    # 3. a restart, which must feed none of the examples of either run.
+    train_dir = cls.train_dir = os.path.join(tf1.test.get_temp_dir(), "runs")
+    drill = dict(max_steps=6, increment_global_step_on_skip=False,
+                 max_consecutive_skips=3, inject_nonfinite="nan@2:0",
+                 inject_into="input")
+    cls.first = train_lib.train(_params(train_dir, **drill))
+    cls.first_records = skip_log.read(skip_log.path(train_dir))
+    cls.first_states = _states(train_dir)
+    # What a SIGKILL right after the records leaves: the records, no
+    # checkpoint covering their step.
+    for name in os.listdir(train_dir):
+      if name.startswith(("model.ckpt", "checkpoint", "events")):
+        os.remove(os.path.join(train_dir, name))
+    cls.second = train_lib.train(_params(train_dir, max_explained_skips=2,
+                                         **drill))
+    cls.records = skip_log.read(skip_log.path(train_dir))
+    cls.states = _states(train_dir)
+    cls.fed = forensics_test_util.FedIds()
+    cls.restart = train_lib.train(_params(train_dir, max_steps=12),
+                                  extra_hooks=[cls.fed])
+
   def _dir(self, name):
     return os.path.join(self.get_temp_dir(), name)
 
-  def assertRestartFeedsNoneOf(self, train_dir, bad, **overrides):
-    fed = forensics_test_util.FedIds()
-    summary = train_lib.train(_params(train_dir, **overrides),
-                              extra_hooks=[fed])
-    excluded = summary["forensics"]["excluded_examples"]
-    self.assertEqual(excluded["count"], len(bad))
-    self.assertEqual(excluded["by_reason"], {"nonfinite_input": len(bad)})
-    self.assertNotEmpty(fed.ids)
-    self.assertEmpty(fed.ids & bad)
+  def assertRestartFedNoneOf(self, bad):
+    """The fixture's restart excluded (and fed none of) the reproducible
+    records' examples, `bad` among them."""
+    every = _bad_ids(self.records)
+    self.assertContainsSubset(bad, every)
+    excluded = self.restart["forensics"]["excluded_examples"]
+    self.assertEqual(excluded["count"], len(every))
+    self.assertEqual(excluded["by_reason"], {"nonfinite_input": len(every)})
+    self.assertNotEmpty(self.fed.ids)
+    self.assertEmpty(self.fed.ids & every)
 
   # Regression test (issue 23, 1): four skips all at step 5 excluded the
   # examples of the last one only, and overwrote skips/step-5/.
   def testRepeatedStepKeepsEveryRecordAndExcludesTheirUnion(self):
-    train_dir = self._dir("repeated")
-    summary = train_lib.train(_params(
-        train_dir, max_steps=6, increment_global_step_on_skip=False,
-        max_consecutive_skips=3, inject_nonfinite="nan@2:0",
-        inject_into="input"))
-    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
-    records = skip_log.read(skip_log.path(train_dir))
+    self.assertEqual(self.first["exit_reason"], "too_many_consecutive_skips")
+    records = self.first_records
     self.assertEqual([r["step"] for r in records], [2, 2, 2])
     self.assertTrue(all(r["reproduced"] for r in records))
     bad = _bad_ids(records)
     self.assertLen(bad, 12)  # 3 batches of 4, each poisoned whole.
-    self.assertEqual(_states(train_dir), ["step-2-1", "step-2-2", "step-2-3"])
+    self.assertEqual(self.first_states, ["step-2-1", "step-2-2", "step-2-3"])
     self.assertLen(set(r["state_dir"] for r in records), 3)
-    self.assertRestartFeedsNoneOf(train_dir, bad, max_steps=12)
+    self.assertRestartFedNoneOf(bad)
 
   # Regression test (issue 23, 1): a skip, a crash before a checkpoint
   # covered it, a rerun that skips at that step again: the next restart
   # excluded only the second record's examples.
   def testRerunAfterACrashKeepsBothRecordsAndExcludesBoth(self):
-    train_dir = self._dir("rerun")
-    drill = dict(inject_nonfinite="nan@1:0", inject_into="input",
-                 max_steps=2)
-    train_lib.train(_params(train_dir, **drill))
-    # What a SIGKILL right after the record leaves: the record, no
-    # checkpoint covering its step.
-    for name in os.listdir(train_dir):
-      if name.startswith(("model.ckpt", "checkpoint", "events")):
-        os.remove(os.path.join(train_dir, name))
-    train_lib.train(_params(train_dir, **drill))
-    records = skip_log.read(skip_log.path(train_dir))
-    self.assertEqual([r["step"] for r in records], [1, 1])
-    first, second = (set(r["replay"]["input_ids"]) for r in records)
+    self.assertEqual(self.second["exit_reason"], "too_many_consecutive_skips")
+    records = self.records
+    self.assertEqual([r["step"] for r in records], [2] * 6)
+    self.assertEqual(records[:3], self.first_records)  # Kept as they were.
+    first, second = (set(i for r in run for i in r["towers"][0][
+        "example_ids"]) for run in (records[:3], records[3:]))
+    self.assertLen(second, 12)
     self.assertEmpty(first & second)  # The rerun did not feed them again.
-    self.assertEqual(_states(train_dir), ["step-1-1", "step-1-2"])
-    self.assertRestartFeedsNoneOf(train_dir, first | second, max_steps=6)
+    self.assertEqual([r["state_dir"] for r in records[3:5]],
+                     [os.path.join("skips", "step-2-%d" % k) for k in (4, 5)])
+    self.assertRestartFedNoneOf(_bad_ids(records[:3]) | _bad_ids(records[3:]))
 
   # Regression test (issue 23, 5): skips/ grew by max_explained_skips
   # states per run, never pruned.
   def testSavedStatesStayBoundedAcrossRuns(self):
-    train_dir = self._dir("bounded")
-    for run in range(2):  # The second run prunes the first run's states.
-      first = 4 * run + 1
-      train_lib.train(_params(
-          train_dir, max_steps=4 * run + 4, max_explained_skips=2,
-          inject_nonfinite="nan@%d-%d:0" % (first, first + 2)))
-      records = skip_log.read(skip_log.path(train_dir))
-      self.assertLen(records, 3 * (run + 1))  # Records are kept.
-      kept = [r for r in records if r.get("state_dir") and os.path.isdir(
-          os.path.join(train_dir, r["state_dir"]))]
-      # The newest two explained skips (this run's) keep their states.
-      self.assertEqual([r["step"] for r in kept], [first, first + 1])
-      self.assertEqual(_states(train_dir), sorted(
-          os.path.basename(r["state_dir"]) for r in kept))
+    records = self.records  # The second run's, with --max_explained_skips=2.
+    self.assertLen(records, 6)  # Records are kept.
+    kept = [r for r in records if r.get("state_dir") and os.path.isdir(
+        os.path.join(self.train_dir, r["state_dir"]))]
+    # The newest two explained skips (the second run's) keep their states;
+    # the first run's are pruned.
+    self.assertEqual(kept, records[3:5])
+    self.assertEqual(self.states, sorted(
+        os.path.basename(r["state_dir"]) for r in kept))
 
   def testOldStateDirsAreReadAndPrunedFirst(self):
     train_dir = self._dir("old")

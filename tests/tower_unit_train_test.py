@@ -3,12 +3,17 @@
 The log line, the run summary's `rejected_by_tower`, the skips.jsonl record
 of the left-out tower (`"unit": "tower"`), the optional counters in old
 checkpoints, and the refusal in a cluster.
+
+One 3-tower run proves the runner's claims (each build of a run costs
+seconds): it resumes a checkpoint written without the tower counters,
+leaves tower 1 out at step 2 and skips the whole step 3, where only 1 of 3
+towers is healthy.
 """
 
+import logging as std_logging
 import os
 import tempfile
 
-from absl import logging
 from absl.testing import absltest
 import tensorflow as tf
 
@@ -21,30 +26,59 @@ from tf1_safe_train.trainer import train_lib
 
 
 def _params(train_dir, **overrides):
-  values = dict(num_towers=4, batch_size=2, max_steps=4, skip_unit="tower",
+  values = dict(num_towers=3, batch_size=2, max_steps=4, skip_unit="tower",
                 inject_nonfinite="nan@2:1", save_checkpoints_steps=2)
   values.update(overrides)
   return forensics_test_util.params(train_dir, **values)
 
 
+class _Warnings(std_logging.Handler):
+  """The root logger's WARNING lines while installed (as `assertLogs`)."""
+
+  def __init__(self):
+    super().__init__(std_logging.WARNING)
+    self.lines = []
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
 class TowerUnitTrainTest(tf.test.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.train_dir = tempfile.mkdtemp(dir=tf.compat.v1.test.get_temp_dir())
+    # A checkpoint without the tower counters: written with the step unit.
+    train_lib.train(_params(cls.train_dir, skip_unit="step",
+                            inject_nonfinite="", max_steps=2))
+    warnings = _Warnings()
+    root = std_logging.getLogger()
+    root.addHandler(warnings)
+    try:
+      # Step 2: tower 1 left out; step 3: towers 1 and 2, too few healthy.
+      # One replay (step 2's): step 3's skip is recorded, not replayed.
+      cls.summary = train_lib.train(_params(
+          cls.train_dir, inject_nonfinite="nan@2:1,nan@3:1,nan@3:2",
+          min_healthy_towers=2, max_explained_skips=1))
+    finally:
+      root.removeHandler(warnings)
+    cls.log = "\n".join(warnings.lines)
+
   def testLeftOutTowerIsLoggedCountedAndRecorded(self):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    with self.assertLogs(level="WARNING") as logs:
-      summary = train_lib.train(_params(train_dir))
     self.assertIn("step 2: tower 1 (/device:CPU:1) left out: non-finite "
-                  "gradients; applied 3 of 4 towers",
-                  "\n".join(logs.output))
-    self.assertEqual((4, 0), (summary["applied_steps"],
-                              summary["skipped_steps"]))
-    self.assertEqual([0, 1, 0, 0], summary["rejected_by_tower"])
-    records = skip_log.read(skip_log.path(train_dir, 0))
-    self.assertLen(records, 1)
+                  "gradients; applied 2 of 3 towers", self.log)
+    # Steps 0-1 (the first run) and 2 (tower 1 left out) applied; step 3
+    # skipped whole (testTooFewHealthyTowersSaySo).
+    self.assertEqual((3, 1), (self.summary["applied_steps"],
+                              self.summary["skipped_steps"]))
+    self.assertEqual([0, 1, 0], self.summary["rejected_by_tower"])
+    records = skip_log.read(skip_log.path(self.train_dir, 0))
+    self.assertEqual([2, 3], [r["step"] for r in records])
     record = records[0]
     self.assertEqual((2, "tower", "after the step"),
                      (record["step"], record["unit"], record["weights"]))
-    self.assertEqual([False, True, False, False],
+    self.assertEqual([False, True, False],
                      [t["nonfinite"] for t in record["towers"]])
     # A grads drill does not reproduce: a device, never the data.
     self.assertFalse(record["reproduced"])
@@ -52,12 +86,11 @@ class TowerUnitTrainTest(tf.test.TestCase):
     self.assertEqual("/device:CPU:1", record["suspect_device"])
 
   def testResumesFromACheckpointWithoutTheCounters(self):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    train_lib.train(_params(train_dir, skip_unit="step", inject_nonfinite="",
-                            max_steps=2))
-    summary = train_lib.train(_params(train_dir, inject_nonfinite="nan@3:2"))
-    self.assertEqual([0, 0, 1, 0], summary["rejected_by_tower"])
-    self.assertEqual(4, summary["applied_steps"])
+    # The first run's checkpoint (step unit) has no tower counters; the
+    # resumed run counts its left-out tower from zero and applies on.
+    self.assertEqual(2, self.summary["steps_this_run"])
+    self.assertEqual([0, 1, 0], self.summary["rejected_by_tower"])
+    self.assertEqual(3, self.summary["applied_steps"])
 
   def testRefusedInAClusterInOneLine(self):
     train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
@@ -71,23 +104,22 @@ class TowerUnitTrainTest(tf.test.TestCase):
     self.assertEqual(os.listdir(train_dir), [])
 
   def testTooFewHealthyTowersSaySo(self):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    with self.assertLogs(level="WARNING") as logs:
-      summary = train_lib.train(_params(
-          train_dir, max_steps=2, max_explained_skips=0,
-          inject_nonfinite="nan@1:1,nan@1:2", min_healthy_towers=3))
-    self.assertIn("step 1: 2 of 4 towers healthy, fewer than "
-                  "--min_healthy_towers=3: the whole step is skipped",
-                  "\n".join(logs.output))
-    self.assertEqual((1, 1), (summary["applied_steps"],
-                              summary["skipped_steps"]))
-    self.assertEqual([0, 0, 0, 0], summary["rejected_by_tower"])
+    self.assertIn("step 3: 1 of 3 towers healthy, fewer than "
+                  "--min_healthy_towers=2: the whole step is skipped",
+                  self.log)
+    self.assertEqual(1, self.summary["skipped_steps"])
+    # The whole-step skip leaves no tower out: towers 1 and 2 not counted.
+    self.assertEqual([0, 1, 0], self.summary["rejected_by_tower"])
+    (record,) = [r for r in skip_log.read(skip_log.path(self.train_dir, 0))
+                 if r["step"] == 3]
+    self.assertEqual([False, True, True],
+                     [t["nonfinite"] for t in record["towers"]])
 
   def testMinHealthyTowersIsValidated(self):
     with self.assertRaisesRegex(params_lib.ParamsError,
                                 r"--min_healthy_towers=5: must be an integer "
                                 r"in \[0, --num_towers=4\]"):
-      _params("/tmp/unused", min_healthy_towers=5)
+      _params("/tmp/unused", num_towers=4, min_healthy_towers=5)
     with self.assertRaisesRegex(params_lib.ParamsError, "--skip_unit='x'"):
       _params("/tmp/unused", skip_unit="x")
 
