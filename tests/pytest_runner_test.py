@@ -65,5 +65,60 @@ class ShardTest(unittest.TestCase):
                                            "TEST_SHARD_INDEX": "6"}), [])
 
 
+# A test file whose module registers an exit handler and holds an object
+# that says when Python's finalization destroys it.
+_ENDING = """
+import atexit
+import sys
+import unittest
+
+atexit.register(lambda: print("exit handler ran", flush=True))
+
+
+class Finalized(object):
+  def __del__(self):
+    sys.__stdout__.write("finalized\\n")
+    sys.__stdout__.flush()
+
+
+KEPT = Finalized()
+
+
+class A(unittest.TestCase):
+  def test(self):
+    self.assertTrue(%s)
+"""
+
+
+class ExitTest(unittest.TestCase):
+
+  def _end(self, passes):
+    directory = tempfile.mkdtemp()
+    path = os.path.join(directory, "ending_test.py")
+    with open(path, "w") as f:
+      f.write(_ENDING % passes)
+    xml = os.path.join(directory, "test.xml")
+    env = dict(os.environ, XML_OUTPUT_FILE=xml)
+    result = subprocess.run(
+        [sys.executable, _runner(), path], capture_output=True, text=True,
+        env=env, cwd=directory, timeout=120, check=False)
+    with open(xml) as f:
+      return result, f.read()
+
+  # The runner ends its process without Python's finalization (TensorFlow's
+  # teardown: about 0.8 CPU s a test), after the exit handlers and with the
+  # report, the JUnit XML and the exit code as pytest left them.
+  def testEndsWithoutFinalizationAfterTheExitHandlers(self):
+    for passes, code in (("True", 0), ("False", 1)):
+      result, xml = self._end(passes)
+      self.assertEqual(result.returncode, code, result.stdout + result.stderr)
+      self.assertIn("exit handler ran", result.stdout)
+      self.assertNotIn("finalized", result.stdout)
+      self.assertIn("1 %s" % ("passed" if code == 0 else "failed"),
+                    result.stdout)
+      self.assertIn('tests="1"', xml)
+      self.assertIn('failures="%d"' % code, xml)
+
+
 if __name__ == "__main__":
   unittest.main()

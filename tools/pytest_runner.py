@@ -6,6 +6,8 @@ Bazel's test filter (--test_filter) and sharding (`shard_count`) map onto
 pytest's own selection.
 """
 
+import atexit
+import logging
 import os
 import sys
 
@@ -59,5 +61,22 @@ def main(argv):
   return code
 
 
+def exit_now(code):
+  """Ends the process with `code` once its output and exit handlers ran.
+
+  pytest has written its report (and the JUnit XML Bazel reads) when it
+  returns. A normal exit would then also tear down every module TensorFlow
+  loaded and TensorFlow itself: about 0.8 CPU s per test process, for
+  nothing (a process that imported TensorFlow, ran a session and exited
+  took 4.2 s so, 3.3 s this way). The exit handlers still run: the tests'
+  own (servers closed, temporary folders removed) and TensorFlow's.
+  """
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  logging.shutdown()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(int(code))
+
+
 if __name__ == "__main__":
-  sys.exit(main(sys.argv))
+  exit_now(main(sys.argv))
