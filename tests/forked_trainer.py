@@ -28,6 +28,22 @@ import forked_python
 _START_TIMEOUT = 60
 
 
+# The test module's server (one test module per test process under Bazel).
+_SHARED = []
+
+
+def shared():
+  """The test process's one `Server`, started on first use."""
+  if not _SHARED:
+    _SHARED.append(Server())
+  return _SHARED[0]
+
+
+def close_shared():
+  """Closes `shared()`'s server, if started (a module's tearDownModule)."""
+  while _SHARED:
+    _SHARED.pop().close()
+
 class Server(forked_python.Server):
   """A `forked_python.Server` whose children can run in the background.
 

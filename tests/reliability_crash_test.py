@@ -52,18 +52,8 @@ _STEP = re.compile(r"^model\.ckpt-(\d+)\.")
 # The trainers killed after start-up fork from one server that imported
 # TensorFlow once (tests/forked_trainer.py); the one killed during start-up
 # starts afresh, so that its kill can land in TensorFlow's import too.
-_SERVER = []
-
-
-def _server():
-  if not _SERVER:
-    _SERVER.append(forked_trainer.Server())
-  return _SERVER[0]
-
-
-def tearDownModule():
-  while _SERVER:
-    _SERVER.pop().close()
+_server = forked_trainer.shared
+tearDownModule = forked_trainer.close_shared
 
 
 def _args(train_dir):

@@ -31,18 +31,8 @@ tf1 = tf.compat.v1
 # Its three trainers (two SIGKILLed mid-run, one run to its end) fork from
 # one server that imported TensorFlow once (tests/forked_trainer.py): the
 # kills land mid-run, never in start-up.
-_SERVER = []
-
-
-def _server():
-  if not _SERVER:
-    _SERVER.append(forked_trainer.Server())
-  return _SERVER[0]
-
-
-def tearDownModule():
-  while _SERVER:
-    _SERVER.pop().close()
+_server = forked_trainer.shared
+tearDownModule = forked_trainer.close_shared
 
 
 def _args(train_dir):

@@ -36,18 +36,8 @@ _DRILL = "nan%0.2:0,-inf%0.1:1"
 # The trainers this module runs to their end or signals mid-run (those
 # signalled during start-up aside) fork from one server: one TensorFlow
 # import for all of them (tests/forked_trainer.py).
-_SERVER = []
-
-
-def _server():
-  if not _SERVER:
-    _SERVER.append(forked_trainer.Server())
-  return _SERVER[0]
-
-
-def tearDownModule():
-  while _SERVER:
-    _SERVER.pop().close()
+_server = forked_trainer.shared
+tearDownModule = forked_trainer.close_shared
 
 
 def _common_args(train_dir):
