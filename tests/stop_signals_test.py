@@ -59,6 +59,17 @@ class StopOnSignalHookTest(tf.test.TestCase):
   def testTheWindowIsOneSecond(self):
     self.assertEqual(stop_signals.SAME_REQUEST_SECS, 1.0)
 
+  # Regression test: uninstall waited for the watchdog's select to time out,
+  # up to `poll_secs` at the end of every run (1 s by default).
+  def testUninstallDoesNotWaitForAPoll(self):
+    hook = stop_signals.StopOnSignalHook(poll_secs=120.0)
+    hook.install()
+    started = time.monotonic()
+    hook.uninstall()  # The main thread's: it restores signal handlers.
+    # Half the poll: only a woken watchdog lets uninstall return that soon.
+    self.assertLess(time.monotonic() - started, 60.0)
+    self.assertFalse(hook._thread.is_alive())  # pylint: disable=protected-access
+
 
 if __name__ == "__main__":
   tf.test.main()

@@ -150,6 +150,13 @@ class StopOnSignalHook(tf1.train.SessionRunHook):
       return
     signal.set_wakeup_fd(self._previous_wakeup_fd)
     self._done.set()
+    # Wakes the watchdog out of its select: otherwise every run's end waits
+    # for the rest of a poll (up to `poll_secs`). Byte 0 is no signal; a full
+    # pipe is readable already.
+    try:
+      os.write(self._pipe[1], b"\0")
+    except BlockingIOError:
+      pass
     self._thread.join()
     for fd in self._pipe:
       os.close(fd)
