@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import binaries
 import loopback_cluster
+from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import run_summary
 
 tf1 = tf.compat.v1
@@ -69,6 +70,15 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
     self.assertEqual(changed, ["consecutive_skips", "global_step",
                                "max_consecutive_skips_seen", "skipped_steps",
                                "spike_skips", "spike_stats/streak"])
+    # Every worker's own gradients were finite and the spike is the
+    # chief's, on the aggregate: no worker reports or records a skip. (A
+    # one-tower worker's view was read inverted: every good step logged as
+    # a non-finite skip, with a record; sync_replicas._or_towers.)
+    self.assertEqual([line for line in self._log.splitlines()
+                      if "skipped step" in line or "non-finite" in line], [])
+    for worker in (0, 1):
+      self.assertEqual(skip_log.read(skip_log.path(train_dir, worker)), [])
+    self.assertEqual(summary["forensics"]["skip_records"], 0)
 
   def testAsyncWorkersSkipTheirOwnSpikes(self):
     # Each worker decides on its own gradients and loss; the statistics on

@@ -26,15 +26,19 @@ class _Step(object):
   checks a fused check needs), cut by one `Split` from the fed `source`, so
   producing them costs the same few nodes however many there are. With
   `sparse`, an `IndexedSlices` (rows 0 and 2 of a [3, 2] variable, fed by
-  `rows`) and a None gradient come first.
+  `rows`) and a None gradient come first. With `one_tower`, the tower
+  flags are a one-tower worker's (`train_step`'s constant False) and the
+  step keeps a value in a cond on `applied`, as its batch store does.
   """
 
-  def __init__(self, num_dense, sparse=False, control_flow_v2=True):
+  def __init__(self, num_dense, sparse=False, control_flow_v2=True,
+               one_tower=False):
     self.graph = tf.Graph()
     with self.graph.as_default(), test_util.tf_config(control_flow_v2):
       sizes = [i + 1 for i in range(num_dense)]
       self.source = tf1.placeholder(tf.float32, [1, sum(sizes)])
-      self.towers = tf1.placeholder_with_default([False, False], [2])
+      self.towers = (tf.zeros([1], tf.bool) if one_tower else
+                     tf1.placeholder_with_default([False, False], [2]))
       pairs = []
       if sparse:
         self.rows = tf1.placeholder(tf.float32, [2, 2])
@@ -53,8 +57,15 @@ class _Step(object):
       self.view = sync_replicas.replica_view(optimizer, pairs, self.towers)
       # What the step reports fetch of the view.
       self.fetches = [self.view.applied, self.view.nonfinite_flags]
+      if one_tower:
+        kept = tf1.Variable(0, name="kept")
+        self.fetches.append(tf.cond(
+            self.view.applied, lambda: tf1.assign_add(kept, 1).op,
+            tf.no_op, name="keep_applied_batch"))
+      init = tf1.global_variables_initializer()
     self.sizes = sizes
     self.session = tf1.Session(graph=self.graph)
+    self.session.run(init)
 
   def feed(self, dense=None, rows=None, towers=None):
     """Every gradient 1.0, but gradient k of `dense` = (k, value)."""
@@ -70,7 +81,7 @@ class _Step(object):
     return feed
 
   def run(self, **kwargs):
-    return self.session.run(self.fetches, self.feed(**kwargs))
+    return self.session.run(self.fetches, self.feed(**kwargs))[:2]
 
   def extra_executed(self):
     """Nodes a good step's view fetches execute beyond producing the
@@ -154,6 +165,27 @@ class SkipAttributionTest(tf.test.TestCase, parameterized.TestCase):
     applied, flags = self.step.run(towers=[False, True])
     self.assertFalse(applied)
     self.assertFalse(flags.any())
+
+
+class OneTowerWorkerTest(tf.test.TestCase, parameterized.TestCase):
+  """A one-tower worker's view, as its step fetches it (default Grappler).
+
+  Its tower flags are a constant False. `or(False, any_bad)` was folded
+  into an Identity, and the involution removal of `not(not(x))` through it
+  gave the cond on `applied` the right value but the fetched `applied` its
+  negation: every good step reported as a skip, a NaN step as applied
+  (TF 2.21).
+  """
+
+  @parameterized.parameters(True, False)
+  def testGoodStepIsAppliedAndNaNIsNot(self, control_flow_v2):
+    step = _Step(3, control_flow_v2=control_flow_v2, one_tower=True)
+    applied, flags = step.run()
+    self.assertTrue(applied)
+    self.assertAllEqual(flags, [False, False, False])
+    applied, flags = step.run(dense=(1, _NAN))
+    self.assertFalse(applied)
+    self.assertAllEqual(flags, [False, True, False])
 
 
 class SkipAttributionCondV1Test(SkipAttributionTest):

@@ -46,7 +46,8 @@ def replica_view(optimizer, pairs, tower_nonfinite):
     pairs: this worker's (gradient, variable) pairs; None gradients are
       left out of the flags and `variable_names`, `IndexedSlices` are
       checked through their values.
-    tower_nonfinite: bool vector, one flag per tower of this worker.
+    tower_nonfinite: bool vector, one flag per tower of this worker (a
+      constant False for one tower, whose gradients are `pairs`).
   """
   # SyncReplicasHook runs it (a graph only inspected does not).
   optimizer.ready_for_local_init_op.mark_used()
@@ -54,8 +55,7 @@ def replica_view(optimizer, pairs, tower_nonfinite):
   grads = [g for g, _ in checked]
   with tf1.name_scope("replica_view"):
     any_bad = nonfinite.any_nonfinite(grads)
-    applied = tf.logical_not(tf.logical_or(tf.reduce_any(tower_nonfinite),
-                                           any_bad),
+    applied = tf.logical_not(_or_towers(any_bad, tower_nonfinite),
                              name="replica_finite")
     flags = _flags_on_fault(any_bad, grads)
   return guard.GuardResult(
@@ -63,6 +63,25 @@ def replica_view(optimizer, pairs, tower_nonfinite):
       variable_names=[v.op.name for _, v in checked],
       counters=None, update_flags=tf.zeros([0], tf.bool),
       update_variable_names=[])
+
+
+def _or_towers(any_bad, tower_nonfinite):
+  """`any_bad` or any tower flag; `any_bad` alone if the flags are a
+  constant False (a one-tower worker's: `train_step` checks no tower of
+  its own).
+
+  Never `or(False, any_bad)`: Grappler (TF 2.21; its constant folding,
+  which turns that `or` into an Identity, and its arithmetic optimizer,
+  which removes `not(not(x))` pairs) compiled `not(or(False, not(all)))`
+  into `all` for the cond on `applied` (the batch store's) but into
+  `not(all)` for the fetched `applied`: the reports saw every good step
+  as a skip and a NaN step as applied (tests/sync_replicas_view_test.py
+  OneTowerWorkerTest).
+  """
+  flags = tf.get_static_value(tower_nonfinite)
+  if flags is not None and not flags.any():
+    return any_bad
+  return tf.logical_or(tf.reduce_any(tower_nonfinite), any_bad)
 
 
 def _flags_on_fault(any_bad, grads):
