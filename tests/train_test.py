@@ -9,8 +9,11 @@ import tensorflow as tf
 
 import train_dir_util
 from tf1_safe_train.core import cond_walk
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import forensics as forensics_lib
 from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import replay_lib
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import towers
 from tf1_safe_train.trainer import train_lib
@@ -68,6 +71,34 @@ class TrainTest(tf.test.TestCase):
         self.assertLen([op for op in branch.get_operations()
                         if op.type == "IsFinite"], checks)
 
+  def testReplayProbesAndSkipSaverOnlyWhereTheRunCanReplay(self):
+    # The probes check every op of a tower (doubling its graph) and the
+    # saver writes a skip's state: a run that never replays builds neither,
+    # and refuses to replay rather than fail at a missing probe.
+    for overrides, replays in (
+        ({}, False),  # --max_explained_skips=0 (`_params`).
+        ({"max_explained_skips": 1}, True),
+        # Quarantine replays a tower past --max_explained_skips.
+        ({"skip_unit": "tower", "quarantine_after": 2}, True)):
+      params = _params(self._train_dir("probes"), **overrides)
+      with tf.Graph().as_default() as graph:
+        step = train_step.build_step(params, local_replication.Local(params))
+        probes = [op for op in graph.get_operations()
+                  if "/nonfinite_probe/" in op.name]
+        self.assertEqual(bool(probes), replays, overrides)
+        forensics = step.forensics
+        self.assertEqual(forensics.replays, replays, overrides)
+        self.assertEqual(forensics.saver is not None, replays, overrides)
+        self.assertEqual([t.probe is not None for t in forensics.towers],
+                         [replays] * 2, overrides)
+        # What every skip's record reads is there either way.
+        self.assertLen([t.loss for t in forensics.towers], 2)
+        if not replays:
+          with self.assertRaisesRegex(ValueError, "without replay probes"):
+            replay_lib.explain(None, forensics, 0, None)
+          with self.assertRaisesRegex(ValueError, "without replay probes"):
+            forensics_lib.ForensicsHook(step, params, max_explained=1)
+
   def testLearningRateScheduleFollowsAppliedStepsByDefault(self):
     # Step 1 is skipped. Summaries are logged under the global_step after
     # the step (s + 1); the rate of step s comes from the schedule's step
@@ -123,6 +154,7 @@ class TrainTest(tf.test.TestCase):
     self.assertIn(first_variable, reports[0])
     self.assertIn("skipped step 4", reports[1])
     self.assertIn("tower 0 (/device:CPU:0)", reports[1])
+    self.assertSkipsRecordedWithoutReplay(train_dir, [2, 4])
     values = train_dir_util.checkpoint_values(train_dir)
     for name, value in values.items():
       if np.issubdtype(np.asarray(value).dtype, np.floating):
@@ -235,6 +267,25 @@ class TrainTest(tf.test.TestCase):
                if "skipped step 3" in r.getMessage()]
     self.assertLen(reports, 1)
     self.assertIn("loss-scale overflow at scale 2048", reports[0])
+
+  def assertSkipsRecordedWithoutReplay(self, train_dir, steps):
+    """--max_explained_skips=0 (a step built without replay probes): each
+    skip still has its record, every field but a replay's."""
+    records = skip_log.read_all(train_dir)
+    self.assertEqual([r["step"] for r in records], steps)
+    for record in records:
+      self.assertEqual(sorted(record), ["reason", "seconds", "step", "time",
+                                        "towers", "verdict", "worker"])
+      self.assertEqual(record["verdict"], forensics_lib.NOT_EXPLAINED)
+      self.assertEqual(record["reason"], "nonfinite")
+      for tower in record["towers"]:
+        self.assertEqual(sorted(tower), [
+            "batch_hash", "device", "example_ids", "index", "loss",
+            "nonfinite", "variables"])
+        self.assertLen(tower["example_ids"], 8)
+        self.assertTrue(np.isfinite(tower["loss"]))
+    self.assertFalse(os.path.exists(os.path.join(train_dir,
+                                                 forensics_lib.SKIPS_DIR)))
 
   def assertBfloat16Trains(self, summary):
     """A bf16 run that skipped one step (this was testBfloat16Trains's):

@@ -78,7 +78,16 @@ class ForensicsHook(core_hooks.GatedHook):
         "the model, not the data" verdict (e.g. stop or roll back now);
         True if it stopped the run (`model_fault` is then the step).
       quarantine: optional `quarantine.Quarantine` (suspect devices).
+
+    Raises:
+      ValueError: the hook may replay (`max_explained` or `quarantine`) a
+        step built without probes (`replay_lib.Forensics.replays`).
     """
+    if (max_explained or quarantine) and not step.forensics.replays:
+      raise ValueError("ForensicsHook: max_explained=%d%s, but the step was "
+                       "built without replay probes" % (
+                           max_explained, " and a quarantine" if quarantine
+                           else ""))
     self._forensics = step.forensics
     report = step.report
     self._fetches = {"step": step.step_index, "applied": step.applied,

@@ -159,7 +159,9 @@ def replay_recorded(train_dir, step, worker=0, number=0):
 
   with tf.Graph().as_default():
     strategy = local_replication.Local(params)
-    built = train_step.build_step(params, strategy, dataset_fn=dataset_fn)
+    # Probes whatever the saved params say: a replay is this binary's job.
+    built = train_step.build_step(params, strategy, dataset_fn=dataset_fn,
+                                  replays=True)
     config = towers.session_config(strategy.tower_config)
     with tf1.Session(config=config) as session:
       session.run(tf1.local_variables_initializer())

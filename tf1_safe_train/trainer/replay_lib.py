@@ -21,6 +21,11 @@ recurs looks like data: the record says the verdict is weaker.
 A replay feeds the drill's in-step faults (loss, grads) inactive, and the
 loss scale the step used (fp16), so only what the stored batch carries is
 replayed: an input drill is data and stays in the batch.
+
+The probes and the skip's saver are built only where a replay can happen
+(`can_replay`): they roughly double a tower's graph, which a run that never
+replays would build, serialise into graph.pbtxt and load into its session
+for nothing. Its skips are still recorded (the store and the losses stay).
 """
 
 import collections
@@ -42,6 +47,17 @@ NOT_REPRODUCIBLE = "not reproducible: suspect %s"
 WEAKER = ("one tower: replayed on the same device, so a fault of that device "
           "that recurs would look like data")
 
+
+def can_replay(params):
+  """Whether a run of `params` may replay a skip, so builds the probes.
+
+  `forensics.ForensicsHook` replays up to --max_explained_skips skips, and
+  past that limit a tower --quarantine_after counts (`quarantine`, which
+  the runner makes whenever it is set) gets replays of its own.
+  """
+  return params.max_explained_skips > 0 or params.quarantine_after > 0
+
+
 TowerProbe = collections.namedtuple("TowerProbe", [
     "index", "device", "images", "labels", "loss", "probe", "fault_feeds"])
 TowerProbe.__doc__ = """One tower's replay: its probe and what it is fed.
@@ -50,21 +66,26 @@ Attributes:
   index, device: the tower's index and device string.
   images, labels: the tensors its model read (a replay feeds them).
   loss: its loss tensor.
-  probe: `core.replay.Probe` over its loss and gradients.
+  probe: `core.replay.Probe` over its loss and gradients, or None in a
+    step built without probes (`can_replay` false): the tower's loss and
+    input are still recorded, but `explain` refuses to replay it.
   fault_feeds: feeds that disable the drill's in-step faults of the tower.
 """
 
 
 def tower_probe(index, device, images, labels, loss, grads_and_vars,
-                tower_drill):
-  """Builds tower `index`'s probe (call in the tower's device and scope)."""
+                tower_drill, build_probe=True):
+  """Tower `index`'s `TowerProbe` (call in the tower's device and scope);
+  its probe is built only if `build_probe`, else None."""
+  faults = tower_drill.in_step_faults()
+  if not build_probe:
+    return TowerProbe(index, device, images, labels, loss, None, faults)
   grads = []
   for g, _ in grads_and_vars:
     if isinstance(g, tf.IndexedSlices):
       g = g.values
     if g is not None:
       grads.append(g)
-  faults = tower_drill.in_step_faults()
   # The drill's flags are inputs too: the walk stops there, so its NaN
   # constants (inactive on replay) are not taken for the first fault.
   probe = replay.Probe([images, labels] + list(faults), [loss] + grads)
@@ -76,18 +97,27 @@ class Forensics(object):
 
   Attributes:
     store: the `batch_store.BatchStore` every step writes.
-    towers: `TowerProbe` per tower.
+    towers: `TowerProbe` per tower (None for a quarantined tower).
     loss_scale: the loss scale tensor the step multiplied by (fp16) or None.
-    saver: a `tf1.train.Saver` of the model's state (the skip's checkpoint).
+    replays: whether the step was built to replay (`can_replay`): its
+      towers have probes and `saver` exists; if not, every tower's `probe`
+      and `saver` are None, and `explain` raises.
+    saver: a `tf1.train.Saver` of the model's state (the skip's checkpoint,
+      saved only with a replay), or None.
   """
 
-  def __init__(self, store, towers, loss_scale=None):
+  def __init__(self, store, towers, loss_scale=None, replays=True):
     self.store = store
     self.towers = list(towers)
     self.loss_scale = loss_scale
+    self.replays = replays
+    if replays and any(t is not None and t.probe is None
+                       for t in self.towers):
+      raise ValueError("Forensics: replays=True, but a tower has no probe")
     # Built now: the session's graph is finalized before any skip.
-    self.saver = tf1.train.Saver(tf1.global_variables(), max_to_keep=None,
-                                 save_relative_paths=True)
+    self.saver = tf1.train.Saver(
+        tf1.global_variables(), max_to_keep=None,
+        save_relative_paths=True) if replays else None
 
 
 def _replay(session, forensics, tower, batch, scale):
@@ -158,7 +188,14 @@ def explain(session, forensics, tower_index, batch, scale=None, flags=None):
     (bool: the evidence says the data), "evidence" (text), "control" (the
     other batch compared, if any), "suspect_device" (or None), "weaker"
     (one tower), "seconds" (every replay).
+
+  Raises:
+    ValueError: the step was built without probes (`Forensics.replays`).
   """
+  if not forensics.replays:
+    raise ValueError("this step was built without replay probes "
+                     "(--max_explained_skips=0, no --quarantine_after): "
+                     "no skip of it can be replayed")
   towers = forensics.towers
   tower = towers[tower_index]
   ids = batch[2]

@@ -71,7 +71,8 @@ Attributes:
     values; the label of a skip), None with sync replicas (the chief
     decides).
   forensics: `replay_lib.Forensics` (batch store, per-tower probes), what
-    explains a skip after the step.
+    records and explains a skip after the step (no probes where the run
+    cannot replay: `Forensics.replays`).
   tower_unit: with --skip_unit=tower, the step's `tower_unit.TowerUnit`
     (which towers it left out), else None.
 """
@@ -129,8 +130,9 @@ def _optimizer(params, state):
 
 
 def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
-                  dataset_fn, exclude_ids, quarantined):
-  """Every tower's input, loss and gradients, averaged: `Towers`."""
+                  dataset_fn, exclude_ids, quarantined, replays):
+  """Every tower's input, loss and gradients, averaged: `Towers` (with
+  replay probes if `replays`)."""
   config = strategy.tower_config
   num_towers = config.num_towers
   drill = drill_lib.Drill.of(params, num_towers, strategy.num_workers)
@@ -147,7 +149,8 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
         params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
         scale)
     probes[i] = replay_lib.tower_probe(i, devices[i], images, labels, loss,
-                                       grads_and_vars, tower_drill)
+                                       grads_and_vars, tower_drill,
+                                       build_probe=replays)
     # Good steps pay for the decision only: the averaged gradients' checks
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
@@ -210,7 +213,7 @@ def _decide(strategy, state, built, guarded, loss, criteria):
 
 
 def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
-               criteria=(), quarantined=()):
+               criteria=(), quarantined=(), replays=None):
   """Builds the training step in the default graph.
 
   Args:
@@ -228,18 +231,23 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       flag (not with sync replicas, whose chief decides on the aggregate).
     quarantined: indices of towers not built (`quarantine`; only with
       --skip_unit=tower): no node of theirs runs, no input is read.
+    replays: whether to build what a skip's replay needs (the towers'
+      probes, the skip's saver: `replay_lib.Forensics`); None: if a run of
+      `params` can replay (`replay_lib.can_replay`).
 
   Returns:
     A `Step`.
   """
   config = strategy.tower_config
+  if replays is None:
+    replays = replay_lib.can_replay(params)
   with tf1.device(config.variables_device()):
     state = step_state.StepState(config.num_towers)
     criteria = step_criteria.from_params(params) + list(criteria)
     learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
   built = _build_towers(params, strategy, state.step_index, optimizer,
                         loss_scale, scale, dataset_fn, exclude_ids,
-                        quarantined)
+                        quarantined, replays)
   unit = built.unit
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
@@ -279,7 +287,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       loss_scale=loss_scale.read_after(train_op) if loss_scale else None,
       loss_scale_before=scale, variables=state.variables,
       reasons=result.reasons,
-      forensics=replay_lib.Forensics(built.inputs.store, built.probes, scale),
+      forensics=replay_lib.Forensics(built.inputs.store, built.probes, scale,
+                                     replays=replays),
       tower_unit=unit)
   step_summaries.add(step)
   return step
