@@ -10,13 +10,13 @@ leaves tower 1 out at step 2 and skips the whole step 3, where only 1 of 3
 towers is healthy.
 """
 
-import logging as std_logging
 import os
 import tempfile
 
 from absl.testing import absltest
 import tensorflow as tf
 
+import fixture_logs
 from tests import forensics_test_util
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import replication
@@ -32,17 +32,6 @@ def _params(train_dir, **overrides):
   return forensics_test_util.params(train_dir, **values)
 
 
-class _Warnings(std_logging.Handler):
-  """The root logger's WARNING lines while installed (as `assertLogs`)."""
-
-  def __init__(self):
-    super().__init__(std_logging.WARNING)
-    self.lines = []
-
-  def emit(self, record):
-    self.lines.append(record.getMessage())
-
-
 class TowerUnitTrainTest(tf.test.TestCase):
 
   @classmethod
@@ -52,18 +41,13 @@ class TowerUnitTrainTest(tf.test.TestCase):
     # A checkpoint without the tower counters: written with the step unit.
     train_lib.train(_params(cls.train_dir, skip_unit="step",
                             inject_nonfinite="", max_steps=2))
-    warnings = _Warnings()
-    root = std_logging.getLogger()
-    root.addHandler(warnings)
-    try:
+    with fixture_logs.capture(level="WARNING") as warnings:
       # Step 2: tower 1 left out; step 3: towers 1 and 2, too few healthy.
       # One replay (step 2's): step 3's skip is recorded, not replayed.
       cls.summary = train_lib.train(_params(
           cls.train_dir, inject_nonfinite="nan@2:1,nan@3:1,nan@3:2",
           min_healthy_towers=2, max_explained_skips=1))
-    finally:
-      root.removeHandler(warnings)
-    cls.log = "\n".join(warnings.lines)
+    cls.log = "\n".join(r.getMessage() for r in warnings.records)
 
   def testLeftOutTowerIsLoggedCountedAndRecorded(self):
     self.assertIn("step 2: tower 1 (/device:CPU:1) left out: non-finite "
