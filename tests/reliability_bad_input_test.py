@@ -25,6 +25,7 @@ from tf1_safe_train import cli
 from tf1_safe_train.data import cifar10
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import preflight
+from tf1_safe_train.trainer import train_dir as train_dir_lib
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
@@ -299,6 +300,31 @@ class DataFilesPreflightTest(tf.test.TestCase):
     except (preflight.DataError, cifar10.DataError) as e:
       return str(e)
     return None
+
+
+class TrainDirInUseTest(tf.test.TestCase):
+
+  # Regression test: the lock was taken after the whole graph was built (and
+  # after the train_dir's exclusion and quarantine files were read), so a
+  # second trainer spent the graph's build before its refusal.
+  def testASecondTrainerIsRefusedBeforeItBuildsAnything(self):
+    train_dir = self.get_temp_dir()
+    built = []
+
+    def dataset_fn(batch_size, seed):
+      built.append(batch_size)  # The graph's first input: the build began.
+      return tf.data.Dataset.from_tensors(
+          (tf.zeros([batch_size, 32, 32, 3]),
+           tf.zeros([batch_size], tf.int32))).repeat()
+
+    params = params_lib.TrainParams(
+        train_dir=train_dir, num_towers=1, device="cpu", batch_size=2,
+        max_steps=1).validate()
+    with train_dir_lib.lock(train_dir):
+      with self.assertRaisesRegex(train_dir_lib.TrainDirError,
+                                  "in use by another trainer"):
+        train_lib.train(params, dataset_fn=dataset_fn)
+    self.assertEqual(built, [])
 
 
 if __name__ == "__main__":

@@ -88,6 +88,17 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
     raise params_lib.ParamsError(tower_unit.refusal_in_cluster(params))
   if strategy.is_chief:
     train_dir_lib.check(params.train_dir)
+  # Taken before anything reads the train_dir or builds the graph: a second
+  # trainer is refused at once, not after seconds of graph building.
+  with (train_dir_lib.lock(params.train_dir) if strategy.is_chief
+        else contextlib.nullcontext()):
+    return _train_locked(params, extra_hooks, dataset_fn, strategy,
+                         criteria, clear)
+
+
+def _train_locked(params, extra_hooks, dataset_fn, strategy, criteria,
+                  clear):
+  """`_train` once the chief holds the train_dir's lock."""
   strategy.start()
   start = time.time()
   exclude_ids, excluded = _excluded_examples(params, dataset_fn)
@@ -95,7 +106,7 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
       params, strategy.tower_devices(), max(2, tower_unit.min_healthy(
           params.min_healthy_towers, params.num_towers)), clear)
                 if params.quarantine_after else None)
-  with tf.Graph().as_default(), contextlib.ExitStack() as owned:
+  with tf.Graph().as_default():
     tf1.set_random_seed(params.seed)
     with strategy.device():
       step = train_step.build_step(
@@ -112,7 +123,6 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
     run_hooks = run.in_order(extra_hooks)
     resume = None
     if strategy.is_chief:
-      owned.enter_context(train_dir_lib.lock(params.train_dir))
       resume = checkpoints.prepare_resume(params.train_dir,
                                           tf1.global_variables(), params)
     saver = _saver(params, step, run.state_check, run.state_hook, resume)
