@@ -59,9 +59,9 @@ def _args(train_dir, *more):
 
 
 def _params(train_dir, **overrides):
-  # Adam, so that an Adam run's checkpoints (testAdamRunOfAnOlderTrainer-
-  # Resumes) are the shared run's; no other claim here is about the
-  # optimizer.
+  # Adam, so that an Adam run's checkpoints (testMissingStateFileAndOld-
+  # AdamNamesResumeFromTheNewestCheckpoint) are the shared run's; no other
+  # claim here is about the optimizer.
   values = dict(train_dir=train_dir, num_towers=1, device="cpu", batch_size=2,
                 max_steps=4, save_checkpoints_steps=2, optimizer="adam",
                 save_summaries_steps=1000, log_every_n_steps=1000)
@@ -266,8 +266,25 @@ class BookkeepingTest(tf.test.TestCase):
       _copy_of_template(train_dir)
     return train_dir
 
-  def testMissingStateFileResumesFromTheNewestCheckpoint(self):
-    train_dir = self._run("no_state")  # model.ckpt-{0,2,4}.
+  def testMissingStateFileAndOldAdamNamesResumeFromTheNewestCheckpoint(self):
+    # One resumed run proves two claims (each fails on its own): without
+    # the state file the run resumes from the newest checkpoint, not from
+    # step 0; and a checkpoint of an older trainer, whose Adam beta powers
+    # were saved as "apply/beta1_power" and "apply/beta2_power" (until the
+    # trainer shared the wrapper's step), is restored and carried on.
+    train_dir = self._run("no_state_old_adam")  # Adam, model.ckpt-{0,2,4}.
+    latest = _all_checkpoints(train_dir)[-1]
+    values = train_dir_util.checkpoint_values(latest)
+    with tf.Graph().as_default():
+      renamed = {("apply/" + n if n.endswith("_power") else n):
+                 tf1.Variable(v, name=n.replace("/", "_"))
+                 for n, v in values.items()}
+      self.assertIn("apply/beta1_power", renamed)
+      saver = tf1.train.Saver(renamed)
+      with tf1.Session() as session:
+        session.run(tf1.global_variables_initializer())
+        saver.save(session, latest)
+    # After the save, which rewrote it.
     os.remove(os.path.join(train_dir, checkpoints.STATE_FILE))
     summary = train_lib.train(_params(train_dir, max_steps=6))
     self.assertEqual(summary["global_step"], 6)
@@ -275,6 +292,11 @@ class BookkeepingTest(tf.test.TestCase):
     self.assertEqual(
         [os.path.basename(p) for p in _all_checkpoints(train_dir)],
         ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4", "model.ckpt-6"])
+    resumed = train_dir_util.checkpoint_values(_all_checkpoints(train_dir)[-1])
+    # Restored and carried on (two more Adam steps), not started afresh.
+    self.assertAllClose(resumed["apply/beta1_power"],
+                        values["beta1_power"] * 0.9**2)
+    self.assertNotIn("beta1_power", resumed)
 
   def testCopiedRunNeverTouchesTheOriginal(self):
     run = self._run("run")
@@ -302,7 +324,7 @@ class BookkeepingTest(tf.test.TestCase):
     # A moved run resumes too, from its own latest checkpoint: what
     # `train_lib.train` resumes from is `checkpoints.prepare_resume`'s choice,
     # which it writes in the state file (the run above and testMissingState-
-    # FileResumesFromTheNewestCheckpoint's train from it).
+    # FileAndOldAdamNamesResumeFromTheNewestCheckpoint's train from it).
     moved = os.path.join(self.get_temp_dir(), "moved")
     os.rename(copy, moved)
     with train_dir_lib.lock(moved):  # As train_lib.train calls it.
@@ -313,8 +335,8 @@ class BookkeepingTest(tf.test.TestCase):
   def testDamagedLatestCheckpointFallsBackWithOneWarning(self):
     # What a run resumes from is `checkpoints.prepare_resume`'s choice (its
     # warnings, the state file it writes and the run restores from: as
-    # testMissingStateFileResumesFromTheNewestCheckpoint's run proves,
-    # where TensorFlow alone would start from step 0).
+    # testMissingStateFileAndOldAdamNamesResumeFromTheNewestCheckpoint's run
+    # proves, where TensorFlow alone would start from step 0).
     for damage in ("truncate", "zero", "nan"):
       with self.subTest(damage=damage):
         train_dir = self._run("damaged_" + damage)
@@ -379,29 +401,6 @@ class BookkeepingTest(tf.test.TestCase):
                                 "cannot resume from .*model.ckpt-4: variable "
                                 ".*Momentum.*--optimizer probably differs"):
       train_lib.train(_params(train_dir, max_steps=6, optimizer="momentum"))
-
-  def testAdamRunOfAnOlderTrainerResumes(self):
-    # Until the trainer shared the wrapper's step, Adam's beta powers were
-    # saved as "apply/beta1_power" and "apply/beta2_power".
-    train_dir = self._run("old_adam")  # Adam, model.ckpt-4.
-    latest = _all_checkpoints(train_dir)[-1]
-    values = train_dir_util.checkpoint_values(latest)
-    with tf.Graph().as_default():
-      renamed = {("apply/" + n if n.endswith("_power") else n):
-                 tf1.Variable(v, name=n.replace("/", "_"))
-                 for n, v in values.items()}
-      self.assertIn("apply/beta1_power", renamed)
-      saver = tf1.train.Saver(renamed)
-      with tf1.Session() as session:
-        session.run(tf1.global_variables_initializer())
-        saver.save(session, latest)
-    summary = train_lib.train(_params(train_dir, max_steps=6))
-    self.assertEqual(summary["steps_this_run"], 2)
-    resumed = train_dir_util.checkpoint_values(_all_checkpoints(train_dir)[-1])
-    # Restored and carried on (two more Adam steps), not started afresh.
-    self.assertAllClose(resumed["apply/beta1_power"],
-                        values["beta1_power"] * 0.9**2)
-    self.assertNotIn("beta1_power", resumed)
 
   def testEvalRetriesWhenItsCheckpointIsPrunedBeforeTheRestore(self):
     train_dir = self._run("eval_race")  # model.ckpt-{0,2,4}.
