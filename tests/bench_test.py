@@ -1,5 +1,7 @@
 """The benchmarks keep running: `guard_overhead` and `cost_growth` --quick
-end to end, towers, and the executed-node count they rely on.
+end to end (their main modules, forked: `_main_in_a_fresh_process`; each
+Bazel-built binary launched for its --help), towers, and the executed-node
+count they rely on.
 
 These check the structure of what the benchmarks report, never the speed.
 """
@@ -33,46 +35,63 @@ def _binary(name):
   return [sys.executable, "-m", "bench." + name]
 
 
-def _in_a_fresh_process(code, cwd):
+def _in_a_fresh_process(code, cwd, timeout=300):
   """Runs `code` as `python -c` would, in a process forked from one that
   imported TensorFlow once (forked_python): its flags are its own."""
-  return forked_python.run_shared(code, cwd)
+  return forked_python.run_shared(code, cwd, timeout=timeout)
 
 
-def _main_in_a_fresh_process(name, args, cwd):
+def _main_in_a_fresh_process(name, args, cwd, timeout=300):
   """Runs bench binary `name`'s module as `python -m bench.NAME ARGS` would,
-  in a forked process (forked_python): for what fails before the work, a
-  TensorFlow import cheaper than a binary's launch. The quick runs launch
-  the binaries themselves."""
+  in a forked process (forked_python: same argv, environment as a launch
+  with TF_CPP_MIN_LOG_LEVEL=2, output and exit code; no TensorFlow import
+  of its own, about 4 CPU s a launch). What only a launch proves (the
+  Bazel launcher finds the module, its flags parse) is LaunchTest's."""
   code = "\n".join([
       "import runpy, sys",
       "sys.argv = %r" % ([name] + list(args)),
       "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % (
           "bench." + name),
   ])
-  return _in_a_fresh_process(code, cwd)
+  return _in_a_fresh_process(code, cwd, timeout)
 
 
 def tearDownModule():
   forked_python.close_shared()
 
 
+class LaunchTest(tf.test.TestCase):
+
+  def testEachBinaryStartsAndParsesItsFlags(self):
+    # What the forked runs do not prove: the Bazel-built binary (its
+    # launcher) finds its main module and parses its flags. --help exits
+    # before TensorFlow's import.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    for name, flag in (("guard_overhead", "--[no]quick"),
+                       ("cost_growth", "--[no]quick"),
+                       ("towers", "--num_towers")):
+      result = subprocess.run(
+          _binary(name) + ["--help"], capture_output=True, text=True,
+          env=env, timeout=120, check=False)
+      self.assertEqual(0, result.returncode, result.stderr[-2000:])
+      self.assertIn(flag, result.stdout, name)
+
+
 class GuardOverheadTest(tf.test.TestCase):
 
   def testQuickRunReportsEveryVariantWithRatiosAndMemory(self):
     json_out = os.path.join(self.get_temp_dir(), "guard_overhead.json")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run(
+    result = _main_in_a_fresh_process(
+        "guard_overhead",
         # Flags win over the preset: a smaller batch, one memory probe (the
         # preset's two are BenchConfigTest's), and resnet8 for resnet20 (its
         # n = 1 sibling: batch norm's moving statistics in every variant, a
         # third of the graph; the preset's models are BenchConfigTest's).
-        _binary("guard_overhead") + [
-            "--quick", "--batch_size=4", "--models=small_cnn,resnet8",
-            "--memory_probe_variants=guarded_trainer_step",
-            "--json_out=" + json_out],
-        capture_output=True, text=True, env=env, timeout=600, check=False)
+        ["--quick", "--batch_size=4", "--models=small_cnn,resnet8",
+         "--memory_probe_variants=guarded_trainer_step",
+         "--json_out=" + json_out],
+        self.get_temp_dir(), timeout=600)
     self.assertEqual(0, result.returncode, result.stderr[-3000:])
     with open(json_out) as f:
       results = json.load(f)
@@ -216,13 +235,11 @@ class CostGrowthTest(tf.test.TestCase):
 
   def testQuickRunReportsEveryCellWithRatiosAndExecutedNodes(self):
     json_out = os.path.join(self.get_temp_dir(), "cost_growth.json")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run(
+    result = _main_in_a_fresh_process(
         # One size: every claim below is of one workload's two cells.
-        _binary("cost_growth") + ["--quick", "--dense_variables=10",
-                                  "--json_out=" + json_out],
-        capture_output=True, text=True, env=env, timeout=600, check=False)
+        "cost_growth", ["--quick", "--dense_variables=10",
+                        "--json_out=" + json_out],
+        self.get_temp_dir(), timeout=600)
     self.assertEqual(0, result.returncode, result.stderr[-3000:])
     with open(json_out) as f:
       results = json.load(f)

@@ -103,23 +103,34 @@ class TrainTest(tf.test.TestCase):
     # Step 1 is skipped. Summaries are logged under the global_step after
     # the step (s + 1); the rate of step s comes from the schedule's step
     # before step s ran. (The schedule is float32 whatever the precision:
-    # the second run is also testBfloat16Trains's.)
+    # the second run is also testBfloat16Trains's. The first is also the
+    # three-tower give-up run: steps 0 and 2 applied in both runs, so the
+    # rates compared below, of steps 0 to 3, are those of one skip at
+    # step 1; max_steps is above the give-up's step and equal in both runs,
+    # as the cosine schedule decays over it.)
     rates = {}
     for schedule_step, num_towers, precision in (
-        ("applied_steps", 2, "fp32"), ("global_step", 1, "bf16")):
+        ("applied_steps", 3, "fp32"), ("global_step", 1, "bf16")):
       train_dir = self._train_dir("lr_" + schedule_step)
+      if num_towers == 3:
+        # Tower 2's loss is poisoned at step 1 (-inf), then from step 3 on
+        # (nan); the third skip in a row (step 5) gives up.
+        drill = dict(max_consecutive_skips=3, inject_into="loss",
+                     inject_nonfinite="-inf@1:2,nan@3-:2")
+      else:
+        drill = dict(inject_nonfinite="nan@1:0")
       summary = train_lib.train(_params(
-          train_dir, num_towers=num_towers, max_steps=4,
+          train_dir, num_towers=num_towers, max_steps=7,
           save_summaries_steps=1, lr_schedule="cosine",
-          lr_schedule_step=schedule_step, inject_nonfinite="nan@1:0",
-          precision=precision))
+          lr_schedule_step=schedule_step, precision=precision, **drill))
       rates[schedule_step] = train_dir_util.scalars(train_dir, "learning_rate")
-      if num_towers == 2:
+      if num_towers == 3:
+        self.assertThreeTowersCountPerTowerAndGiveUp(summary, train_dir)
         self.assertSummariesEveryStepSurviveTheSkip(train_dir)
       else:
         self.assertBfloat16Trains(summary)
     applied, by_global = rates["applied_steps"], rates["global_step"]
-    self.assertEqual([1, 2, 3, 4], [s for s, _ in applied])
+    self.assertEqual([1, 2, 3, 4, 5, 6], [s for s, _ in applied])
     # Skipped step 1 did not advance the schedule: steps 1 and 2 share a rate.
     self.assertEqual(applied[1][1], applied[2][1])
     self.assertGreater(applied[2][1], applied[3][1])
@@ -164,22 +175,20 @@ class TrainTest(tf.test.TestCase):
     # finite entries above.
     ema = [n for n in values if n.endswith("ExponentialMovingAverage")]
     self.assertNotEmpty(ema)
-    # The resume keeps the counters and goes on from step 6.
-    second = train_lib.train(_params(train_dir, max_steps=9,
+    # The resume keeps the counters and goes on from step 6 (applied), its
+    # skip at step 7 counted on top of the restored counters.
+    second = train_lib.train(_params(train_dir, max_steps=8,
                                      inject_nonfinite="nan@7:1", **options))
-    self.assertEqual(second["global_step"], 9)
-    self.assertEqual(second["steps_this_run"], 3)
+    self.assertEqual(second["global_step"], 8)
+    self.assertEqual(second["steps_this_run"], 2)
     self.assertEqual((second["applied_steps"], second["skipped_steps"]),
-                     (6, 3))
+                     (5, 3))
     self.assertEqual(second["nonfinite_steps_by_tower"], [1, 2])
 
-  def testThreeTowersCountPerTowerAndGiveUpAfterConsecutiveSkips(self):
-    # One run: tower 2's loss is poisoned at step 1 (-inf), then from step 3
-    # on (nan); the third skip in a row (step 5) gives up.
-    train_dir = self._train_dir("three")
-    summary = train_lib.train(_params(
-        train_dir, num_towers=3, max_steps=50, max_consecutive_skips=3,
-        inject_nonfinite="-inf@1:2,nan@3-:2", inject_into="loss"))
+  def assertThreeTowersCountPerTowerAndGiveUp(self, summary, train_dir):
+    """A three-tower run whose tower 2 was poisoned at step 1, then from
+    step 3 on, with max_consecutive_skips=3 (this was
+    testThreeTowersCountPerTowerAndGiveUpAfterConsecutiveSkips's)."""
     self.assertEqual(summary["nonfinite_steps_by_tower"], [0, 0, 4])
     self.assertEqual(summary["skipped_steps"], 4)
     self.assertEqual(summary["applied_steps"], 2)
@@ -230,9 +239,9 @@ class TrainTest(tf.test.TestCase):
     self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
 
   def assertSummariesEveryStepSurviveTheSkip(self, train_dir):
-    """Every summary of a 2-tower run that skipped step 1 (of its 4, all
-    summarised) is in its events, the skip counters' included (this was
-    testSummariesEveryStepSurviveSkips's own run)."""
+    """Every summary of a 3-tower run that skipped step 1 and steps 3 to 5
+    (all summarised) is in its events, the skip counters' included (this
+    was testSummariesEveryStepSurviveSkips's own run)."""
     tags = set()
     for path in tf1.gfile.Glob(os.path.join(train_dir, "events.*")):
       for event in tf1.train.summary_iterator(path):
@@ -240,20 +249,22 @@ class TrainTest(tf.test.TestCase):
     for tag in ("loss", "learning_rate", "skips/applied_steps",
                 "skips/skipped_steps", "skips/consecutive_skips",
                 "skips/nonfinite_steps_tower_0",
-                "skips/nonfinite_steps_tower_1"):
+                "skips/nonfinite_steps_tower_1",
+                "skips/nonfinite_steps_tower_2"):
       self.assertIn(tag, tags)
     self.assertEqual(train_dir_util.scalars(train_dir, "skips/skipped_steps")
-                     [-1][1], 1.0)
+                     [-1][1], 4.0)
 
   def testFloat16SkipHalvesTheLossScale(self):
     # float16 convolutions are emulated on CPU (a few examples/s), so this
-    # run is tiny: it checks the mechanism, not that fp16 trains well.
+    # run is tiny: it checks the mechanism, not that fp16 trains well (one
+    # tower: the loss scale is one for all towers).
     train_dir = self._train_dir("fp16")
     with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
       summary = train_lib.train(_params(
-          train_dir, precision="fp16", batch_size=2, max_steps=4,
-          initial_loss_scale=1024.0, loss_scale_growth_steps=2,
-          inject_nonfinite="nan@3:1"))
+          train_dir, precision="fp16", num_towers=1, batch_size=2,
+          max_steps=4, initial_loss_scale=1024.0, loss_scale_growth_steps=2,
+          inject_nonfinite="nan@3:0"))
     # Steps 0 and 1 applied: 1024 -> 2048; step 2 applied; step 3 skipped:
     # 2048 -> 1024.
     self.assertEqual(summary["skipped_steps"], 1)
