@@ -9,15 +9,18 @@ arithmetic and takes a few CPU seconds (150 steps: the loss falls by a
 third, the scale halves and grows; 300 steps proved nothing more). The scale
 starts too large, so the first steps overflow float16 for certain: they are
 skipped, the scale halves until the gradients fit, and it grows again after
-good steps.
+good steps. A resume of that run (on a copy) with --loss_scale_hysteresis=2
+and drilled overflows shows the hysteresis.
 """
 
 import os
+import shutil
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+import fixture_logs
 import train_dir_util
 from tf1_safe_train import data
 from tf1_safe_train.trainer import params as params_lib
@@ -41,20 +44,31 @@ def _shrunk_dataset(batch_size, seed):
           images, [_IMAGE_SIZE, _IMAGE_SIZE], method="area"), labels))
 
 
+def _params(train_dir):
+  return params_lib.TrainParams(
+      train_dir=train_dir, model="small_cnn", num_towers=1, device="cpu",
+      batch_size=8, max_steps=_STEPS, precision="fp16",
+      initial_loss_scale=_INITIAL_SCALE,
+      loss_scale_growth_steps=_GROWTH_STEPS,
+      save_summaries_steps=_SUMMARY_STEPS,
+      save_checkpoints_steps=100000, log_every_n_steps=100).validate()
+
+
 class Float16TrainingTest(tf.test.TestCase):
 
-  def testSmallCnnTrainsInFloat16WithDynamicLossScale(self):
-    train_dir = os.path.join(self.get_temp_dir(), "fp16")
-    params = params_lib.TrainParams(
-        train_dir=train_dir, model="small_cnn", num_towers=1, device="cpu",
-        batch_size=8, max_steps=_STEPS, precision="fp16",
-        initial_loss_scale=_INITIAL_SCALE,
-        loss_scale_growth_steps=_GROWTH_STEPS,
-        save_summaries_steps=_SUMMARY_STEPS,
-        save_checkpoints_steps=100000, log_every_n_steps=100).validate()
-    with self.assertLogs(logging.get_absl_logger(), "INFO") as logs:
-      summary = train_lib.train(params, dataset_fn=_shrunk_dataset)
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # One run: it trains (below), and its checkpoint (no hysteresis) is the
+    # one the hysteresis test resumes, on a copy.
+    cls.train_dir = os.path.join(tf1.test.get_temp_dir(), "fp16")
+    cls.params = _params(cls.train_dir)
+    with fixture_logs.capture(logging.get_absl_logger(), "INFO") as logs:
+      cls.summary = train_lib.train(cls.params, dataset_fn=_shrunk_dataset)
+    cls.logs = logs
 
+  def testSmallCnnTrainsInFloat16WithDynamicLossScale(self):
+    train_dir, summary, logs = self.train_dir, self.summary, self.logs
     self.assertEqual("max_steps", summary["exit_reason"])
     self.assertEqual(_STEPS, summary["global_step"])
     self.assertEqual(_STEPS,
@@ -97,32 +111,27 @@ class Float16TrainingTest(tf.test.TestCase):
         self.assertNotEqual(tf.float16, dtype, name)
         self.assertTrue(np.isfinite(reader.get_tensor(name)).all(), name)
 
-
-class LossScaleHysteresisTrainingTest(tf.test.TestCase):
-
   def testResumedWithHysteresisTheSecondOverflowInARowHalves(self):
-    # The first run has no hysteresis: its checkpoint lacks the streak,
+    # The run above has no hysteresis: its checkpoint lacks the streak,
     # which the resumed run starts at 0. There the drill's NaN gradients
-    # are overflows: step 3 alone keeps the scale, step 4 applies (ending
-    # the streak), and steps 5 and 6 in a row halve it once. Without the
-    # reset it would halve at 5 and 6; without hysteresis, three times.
+    # are overflows: step 150 alone keeps the scale, step 151 applies
+    # (ending the streak), and steps 152 and 153 in a row halve it once.
+    # Without the reset it would halve at 152 and 153; without hysteresis,
+    # three times. (The run's last natural overflow is at step 140, at
+    # twice the scale it ends with; its next growth would come at 165.)
+    first = self.summary
     train_dir = os.path.join(self.get_temp_dir(), "hysteresis")
-    params = params_lib.TrainParams(
-        train_dir=train_dir, model="small_cnn", num_towers=1, device="cpu",
-        batch_size=2, max_steps=3, precision="fp16", initial_loss_scale=64.0,
-        max_explained_skips=0, save_summaries_steps=100,
-        log_every_n_steps=100).validate()
-    first = train_lib.train(params, dataset_fn=_shrunk_dataset)
-    self.assertEqual((3, 0, 64.0), (first["applied_steps"],
-                                    first["skipped_steps"],
-                                    first["loss_scale"]))
+    shutil.copytree(self.train_dir, train_dir)
     summary = train_lib.train(
-        params.replace(max_steps=7, loss_scale_hysteresis=2,
-                       inject_nonfinite="nan@3,nan@5-6"),
+        self.params.replace(train_dir=train_dir, max_steps=_STEPS + 4,
+                            loss_scale_hysteresis=2, max_explained_skips=0,
+                            inject_nonfinite="nan@%d,nan@%d-%d" % (
+                                _STEPS, _STEPS + 2, _STEPS + 3)),
         dataset_fn=_shrunk_dataset)
-    self.assertEqual((4, 3, 32.0), (summary["applied_steps"],
-                                    summary["skipped_steps"],
-                                    summary["loss_scale"]))
+    self.assertEqual((first["applied_steps"] + 1, first["skipped_steps"] + 3,
+                      first["loss_scale"] / 2),
+                     (summary["applied_steps"], summary["skipped_steps"],
+                      summary["loss_scale"]))
     reader = tf1.train.load_checkpoint(tf1.train.latest_checkpoint(train_dir))
     self.assertEqual(2, reader.get_tensor("loss_scale/overflow_streak"))
 

@@ -1,8 +1,8 @@
 """--quarantine_after=K: a tower whose faults never reproduce is left out.
 
-Through //:train (the quarantine), then in process on copies of that run
-(a restart that keeps it and what its steps execute without the tower, the
-clear) and alone (input faults).
+Through //:train (the quarantine), then in process on copies of that run:
+a restart that keeps it (and what its steps execute without the tower),
+and a clear whose input faults never count.
 """
 
 import json
@@ -15,6 +15,7 @@ import tensorflow as tf
 from tests import binaries
 from tests import forensics_test_util
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer import quarantine
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
@@ -36,6 +37,12 @@ def _params(train_dir, **overrides):
                 quarantine_after=2, inject_nonfinite=_DRILL)
   values.update(overrides)
   return forensics_test_util.params(train_dir, **values)
+
+
+def _suspect_faults(train_dir):
+  """Each tower's count of faults that did not reproduce, as checkpointed."""
+  reader = tf1.train.load_checkpoint(tf1.train.latest_checkpoint(train_dir))
+  return reader.get_tensor(quarantine.FAULTS).tolist()
 
 
 def _summary(train_dir):
@@ -118,22 +125,26 @@ class QuarantineTest(tf.test.TestCase):
                     if " = IteratorGetNext(" in n.timeline_label],
                    2)
 
-  def testInputFaultsNeverQuarantine(self):
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    summary = train_lib.train(_params(train_dir, inject_into="input"))
-    self.assertEqual([0, 0, 3], summary["rejected_by_tower"])
-    records = skip_log.read(skip_log.path(train_dir, 0))
-    self.assertEqual([True] * 3, [r["reproduced"] for r in records])
-
-  def testClearQuarantineStartsOver(self):
+  def testClearQuarantineStartsOverAndInputFaultsNeverCount(self):
+    # One run proves both: on a copy of the quarantined run, cleared, input
+    # faults on tower 2 at three steps in a row (one more than
+    # --quarantine_after): each reproduces on replay (the data), none
+    # counts, the tower is never quarantined again.
     train_dir = self._copy_of_the_quarantined_run()
+    self.assertEqual([0, 0, 2], _suspect_faults(train_dir))
     with self.assertLogs(level="WARNING") as logs:
       summary = train_lib.train(_params(
-          train_dir, max_steps=12, inject_nonfinite="nan@10:2",
-          clear_quarantine=True))
-    self.assertNotIn("quarantined towers", "\n".join(logs.output))
-    # Tower 2 is built again, and its fault counts once (not quarantined).
-    self.assertEqual([0, 0, 3], summary["rejected_by_tower"])
+          train_dir, max_steps=11, inject_nonfinite="nan@8-10:2",
+          inject_into="input", clear_quarantine=True))
+    self.assertNotIn("quarantined", "\n".join(logs.output))
+    # Tower 2 is built again (its three faults rejected, after the first
+    # run's two), and its count starts over at 0, which input faults never
+    # raise.
+    self.assertEqual([0, 0, 5], summary["rejected_by_tower"])
+    self.assertEqual([0, 0, 0], _suspect_faults(train_dir))
+    records = skip_log.read(skip_log.path(train_dir, 0))[2:]
+    self.assertEqual([8, 9, 10], [r["step"] for r in records])
+    self.assertEqual([True] * 3, [r["reproduced"] for r in records])
 
 
 if __name__ == "__main__":
