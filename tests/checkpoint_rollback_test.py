@@ -109,6 +109,22 @@ def _not_rolled_back_run():
   return _shared_run("not_rolled_back", **_NOT_ROLLED_BACK_CHANGES)
 
 
+def _stopped_run():
+  """{train_dir, summary}: `_not_rolled_back_run` (copied) resumed with
+  stop and a new streak (steps 26-29): it gives up at step 30 (trained on
+  first use). testARunThatNeverRolledBackResumesWithStop checks it,
+  testARunThatGaveUpResumesWithRollback resumes it (a copy)."""
+  if "stopped" not in _RUNS:
+    train_dir = os.path.join(tempfile.mkdtemp(dir=tf1.test.get_temp_dir()),
+                             "run")
+    shutil.copytree(_not_rolled_back_run()["train_dir"], train_dir)
+    summary = train_lib.train(_params(
+        train_dir, on_persistent_skips="stop", inject_nonfinite="nan@26-:0",
+        max_explained_skips=0))
+    _RUNS["stopped"] = dict(train_dir=train_dir, summary=summary)
+  return _RUNS["stopped"]
+
+
 class RollbackRunTest(tf.test.TestCase):
 
   def _train(self, **changes):
@@ -168,10 +184,13 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertLen(window, 36)
     # A restarted process reads its input from the start: its first 24
     # steps would feed the window (read at steps 15-23) again.
+    # (Its flags are the run's, but for what it writes: no summaries, one
+    # checkpoint at the end; nothing here reads them.)
     again = _FedIds()
-    summary = train_lib.train(_params(train_dir, max_steps=64,
-                                      **_ROLLED_BACK_CHANGES),
-                              extra_hooks=[again])
+    summary = train_lib.train(_params(
+        train_dir, max_steps=64, **dict(
+            _ROLLED_BACK_CHANGES, save_summaries_steps=1000,
+            save_checkpoints_steps=100)), extra_hooks=[again])
     self.assertLen(again.by_step, 24)
     self.assertEmpty(set().union(*again.by_step.values()) & set(window))
     self.assertEqual(summary["forensics"]["excluded_examples"]["by_reason"],
@@ -234,35 +253,33 @@ class RollbackRunTest(tf.test.TestCase):
     self.assertEqual(int(final["rollback_to_step"]), 5)
 
   def testARunThatGaveUpResumesWithRollback(self):
-    # The run gave up with stop (the default); its checkpoints lack the
-    # rollback state, which starts fresh, and the rollback restores one of
-    # them (written without `rollbacks`: an ancestor).
-    train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
-    first = _Weights()
-    summary = train_lib.train(_params(
-        train_dir, on_persistent_skips="stop", inject_nonfinite="nan@20-:0",
-        max_explained_skips=0), extra_hooks=[first])
-    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
-    self.assertEqual(summary["global_step"], 24)
-    # Without rollback the graph has no rollback state (a claim of its own,
-    # on this run: the streak of steps 20-23 gave up as with 20-25).
-    self.assertNotIn("rollbacks", summary)
-    self.assertNotIn("rolled_back_steps", train_dir_util.checkpoint_values(
-        train_dir_util.latest_checkpoint(train_dir)))
+    # The run that gave up with stop (`_stopped_run`: streak 26-29): its
+    # latest checkpoints lack the rollback state, which starts fresh; the
+    # streak goes on (step 30 skipped: 5 in a row) and the rollback restores
+    # one of them (written without `rollbacks`: an ancestor), model.ckpt-24:
+    # --rollback_min_applied_steps=2 makes it the newest that qualifies
+    # (with 5, it would be model.ckpt-20, written with the rollback state).
+    stopped = _stopped_run()
+    train_dir = self._copy_of(stopped)
+    self.assertNotIn("rollbacks", train_dir_util.checkpoint_values(
+        os.path.join(train_dir, "model.ckpt-24")))
     again = _Weights()
-    summary = train_lib.train(_params(train_dir, max_explained_skips=0),
-                              extra_hooks=[again])
+    summary = train_lib.train(_params(
+        train_dir, inject_nonfinite="nan@26-31:0", rollback_min_applied_steps=2,
+        max_explained_skips=0), extra_hooks=[again])
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(
         [summary[k] for k in ("global_step", "applied_steps", "skipped_steps",
                               "rolled_back_steps", "rollback_count")],
-        [40, 29, 6, 5, 1])
+        [40, 28, 10, 2, 1])
     (record,) = summary["rollbacks"]
     self.assertEqual([record[k] for k in (
         "at_step", "to_step", "checkpoint", "applied_steps_undone")],
-                     [25, 15, "model.ckpt-15", 5])
+                     [31, 24, "model.ckpt-24", 2])
     self.assertEqual(summary["learning_rate_multiplier"], 1.0)
-    self.assertAllEqual(again.by_step[25], first.by_step[15])
+    # model.ckpt-24 holds the state after step 23 of the first run.
+    self.assertAllEqual(again.by_step[31],
+                        _not_rolled_back_run()["weights"][24])
     for path in train_dir_util.checkpoint_paths(train_dir):
       values = train_dir_util.checkpoint_values(path)
       self.assertEqual(int(values["global_step"]),
@@ -282,14 +299,20 @@ class RollbackRunTest(tf.test.TestCase):
                               on_persistent_skips="stop"))
 
   def testARunThatNeverRolledBackResumesWithStop(self):
-    # The run that found no checkpoint old enough: rollback on, its
-    # checkpoints hold the rollback state, no rollback done.
-    train_dir = self._copy_of(_not_rolled_back_run())
-    summary = train_lib.train(_params(
-        train_dir, max_steps=30, on_persistent_skips="stop",
-        inject_nonfinite="", max_explained_skips=0))
-    self.assertEqual(summary["exit_reason"], "max_steps")
-    self.assertEqual(summary["applied_steps"], 26)
+    # The run that found no checkpoint old enough (rollback on, its
+    # checkpoints hold the rollback state, no rollback done), resumed with
+    # stop: it trains on from its counters (steps 24 and 25 applied) and
+    # gives up at the next streak, as stop does.
+    summary = _stopped_run()["summary"]
+    self.assertEqual(summary["exit_reason"], "too_many_consecutive_skips")
+    self.assertEqual(
+        [summary[k] for k in ("global_step", "steps_this_run",
+                              "applied_steps")], [30, 6, 22])
+    # Without rollback the graph has no rollback state (a claim of its own,
+    # on this run).
+    self.assertNotIn("rollbacks", summary)
+    self.assertNotIn("rolled_back_steps", train_dir_util.checkpoint_values(
+        train_dir_util.latest_checkpoint(_stopped_run()["train_dir"])))
 
 
 class RollbackWindowTest(tf.test.TestCase):
