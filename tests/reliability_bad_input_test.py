@@ -11,6 +11,7 @@ would end in a traceback. (tests/cli_test.py covers part of the table against
 a stand-in directory; the cluster spec rows come with the cluster issue.)
 """
 
+import fcntl
 import os
 import tempfile
 import unittest
@@ -174,6 +175,19 @@ class BadInputTest(tf.test.TestCase):
                             train_dir=train_dir)
         with open(blocker) as f:
           self.assertEqual(f.read(), "not a directory")
+
+  # Regression test: a train_dir in use was refused only after TensorFlow's
+  # import and the graph's build.
+  def testTrainDirInUse(self):
+    # Held as another trainer holds it, without rewriting the file's holder.
+    fd = os.open(os.path.join(self.train_dir, train_dir_lib.LOCK_FILE),
+                 os.O_RDONLY)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      self.assertBadInput([], "--train_dir=" + self.train_dir,
+                          "in use by another trainer")
+    finally:
+      os.close(fd)
 
   def testReadOnlyTrainDir(self):
     if os.geteuid() == 0:

@@ -57,7 +57,8 @@ def check(params, num_workers=None):
   In the trainer's order: the drill spec against the towers and workers,
   then, in a cluster, the options that run on one machine only, or, on one
   machine, the train_dir (created if missing, as the run
-  would; in a cluster the chief checks it once its server has started),
+  would, and not in use by another trainer; in a cluster the chief checks
+  it once its server has started),
   then the CIFAR-10 training files (in a cluster each worker checks them
   after the import: a ps reads none).
 
@@ -79,6 +80,7 @@ def check(params, num_workers=None):
       raise params_lib.ParamsError(refusal)
   else:
     train_dir_lib.check(params.train_dir)
+    train_dir_lib.check_free(params.train_dir)
     if params.dataset == "cifar10":
       check_cifar10_train_files(params.data_dir)
 

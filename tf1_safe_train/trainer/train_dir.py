@@ -93,6 +93,32 @@ def _holder(path):
     return "unknown"
 
 
+def check_free(train_dir):
+  """Raises TrainDirError if another process holds `train_dir`'s lock.
+
+  A probe for the checks before TensorFlow's import (`preflight`): it takes
+  the lock and lets it go at once, and writes nothing (a refused run leaves
+  the directory as it was); `lock` takes it for the run.
+  """
+  path = os.path.join(train_dir, LOCK_FILE)
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return  # No lock file, so no holder; `lock` names other problems.
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise TrainDirError(_in_use(train_dir, path)) from None
+  finally:
+    os.close(fd)  # Releases it.
+
+
+def _in_use(train_dir, path):
+  return ("--train_dir=%s is in use by another trainer (%s); wait for it to "
+          "end, stop it, or use another --train_dir" %
+          (train_dir, _holder(path)))
+
+
 @contextlib.contextmanager
 def lock(train_dir):
   """Holds `train_dir`'s lock for the `with` block.
@@ -116,10 +142,7 @@ def lock(train_dir):
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      raise TrainDirError(
-          "--train_dir=%s is in use by another trainer (%s); wait for it to "
-          "end, stop it, or use another --train_dir" %
-          (train_dir, _holder(path))) from None
+      raise TrainDirError(_in_use(train_dir, path)) from None
     os.ftruncate(fd, 0)
     os.write(fd, ("pid %d on host %s\n" % (os.getpid(),
                                            socket.gethostname())).encode())
