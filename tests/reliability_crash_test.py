@@ -57,13 +57,16 @@ tearDownModule = forked_trainer.close_shared
 
 
 def _args(train_dir):
+  # No replay of the skips (--max_explained_skips=0): the claims are the
+  # checkpoints' and the counters'; skips.jsonl is still written.
   return [
       "--train_dir=" + train_dir, "--num_towers=%d" % _NUM_TOWERS,
       "--device=cpu", "--batch_size=4", "--max_steps=%d" % _MAX_STEPS,
       "--save_checkpoints_steps=%d" % _CHECKPOINT_EVERY,
       "--save_summaries_steps=1000", "--log_every_n_steps=1",
       "--inject_nonfinite=" + _SPEC, "--inject_into=grads",
-      "--max_consecutive_skips=0", "--seed=%d" % _SEED,
+      "--max_consecutive_skips=0", "--max_explained_skips=0",
+      "--seed=%d" % _SEED,
   ]
 
 
@@ -74,7 +77,7 @@ def _params(train_dir):
       batch_size=4, max_steps=_MAX_STEPS,
       save_checkpoints_steps=_CHECKPOINT_EVERY, save_summaries_steps=1000,
       log_every_n_steps=1, inject_nonfinite=_SPEC, inject_into="grads",
-      max_consecutive_skips=0, seed=_SEED).validate()
+      max_consecutive_skips=0, max_explained_skips=0, seed=_SEED).validate()
 
 
 def _writes_in_progress(train_dir):
