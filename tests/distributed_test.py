@@ -1,9 +1,11 @@
-"""Clusters on loopback: async and sync skips, a restarted worker.
+"""Clusters on loopback: async and sync skips, a restarted worker, a lost ps.
 
 2 workers of the real binary and a ps: all three through //:local_cluster
 (async), or the workers forked in the background around a ps thread of this
-process (sync fp16; sync with a restarted worker): worker i is a //:train
-run with worker i's TF_CONFIG, forked from this module's server i
+process (sync fp16; sync with a restarted worker), and a ps task and a
+worker forked, the ps killed mid-run (PsLostTest, on servers 0 and 1):
+worker i is a //:train run with worker i's TF_CONFIG, forked from this
+module's server i
 (`_TaskServer`, kept for the module's next cluster: one TensorFlow import
 per worker index for the whole module, not one per worker run;
 tests/binaries.py says what a forked run does and does not prove). (The
@@ -351,6 +353,58 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertIn("small_cnn/conv1/weights", moved)
     self.assertIn("small_cnn/conv1/weights/Momentum", moved)
     self.assertEqual(_nonfinite_variables(applied), [])
+
+
+class PsLostTest(tf.test.TestCase):
+  """A worker whose ps is killed mid-run exits with one line (issue 17, 5:
+  it stayed silent until the ps came back, whatever --startup_timeout_secs
+  said). The ps (a //:train ps task) and the worker are forked from this
+  module's servers: a killed ps ends its process, not a thread's server."""
+
+  def testWorkerExitsWithOneLineWhenItsPsIsLost(self):
+    train_dir = tempfile.mkdtemp(prefix="run_", dir=self.get_temp_dir())
+    config = local_cluster_lib.make_cluster(num_ps=1, num_workers=1)
+    # The forked ps listens at once: no start-up race for the timeout to
+    # cover, so it is short (waited out once the ps is gone).
+    flags = ["--train_dir=" + train_dir, "--startup_timeout_secs=2",
+             "--batch_size=4", "--num_towers=1", "--device=cpu",
+             "--log_every_n_steps=1", "--save_summaries_steps=1000",
+             "--save_checkpoints_steps=1000", "--max_steps=1000000"]
+    logs = {job: "%s.%s.log" % (train_dir, job) for job in ("ps", "worker")}
+    ps_server, worker_server = _servers(2)
+    ps = worker = None
+    try:
+      ps = ps_server.start_task(flags, config.for_task("ps", 0).to_tf_config(),
+                                logs["ps"])
+      worker = worker_server.start_task(flags, config.to_tf_config(),
+                                        logs["worker"])
+      deadline = time.monotonic() + _RUN_TIMEOUT_SECS
+      while not (re.search(r"hooks.py:\d+\] step \d+/\d+ ",
+                           _read(logs["worker"])) or
+                 worker.poll() is not None):
+        self.assertLess(time.monotonic(), deadline, "timed out")
+        time.sleep(0.2)
+      self.assertIsNone(worker.poll(), _read(logs["worker"])[-3000:])
+      ps.kill()
+      # 2 s of --startup_timeout_secs, plus the watchdog's polls and a
+      # loaded machine: far less than the minutes it used to hang.
+      worker.wait(120)
+    finally:
+      for process in (worker, ps):
+        if process is not None:
+          process.kill()  # Only if still running (a failure or a timeout).
+    text = _read(logs["worker"])
+    self.assertEqual(worker.returncode, 1, text[-3000:])
+    self.assertNotIn("Traceback", text)
+    # Ours (TensorFlow's own INFO record of the failed step, several lines
+    # long, comes before it).
+    errors = [l for l in binaries.our_lines(text) if "train: error" in l]
+    self.assertLen(errors, 1, text[-3000:])
+    self.assertEqual(binaries.our_lines(text)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: lost ps 0 at %s" %
+                          config.ps[0])
+    self.assertIn("--startup_timeout_secs", errors[0])
+    self.assertIn("a rerun resumes from model.ckpt-0", errors[0])
 
 
 if __name__ == "__main__":
