@@ -1,21 +1,25 @@
-"""Clusters on loopback: async and sync skips, a restarted worker.
+"""Clusters on loopback: async and sync skips, a restarted worker, a lost ps.
 
 2 workers of the real binary and a ps: all three through //:local_cluster
-(async), the workers forked around a ps thread of this process
-(tests/loopback_cluster.py: sync fp16), or the workers started one by one
-around a ps thread (sync, a restarted worker). (The launcher with
-stand-in tasks and a ps thread in-process are cluster_in_process_test's:
-they need not run alone.) Every test bounds its run with timeouts and, in a
-finally block, kills what it started and checks that no process it started
-is left (by Popen.poll, and by scanning /proc for the run's unique
-directory or marker).
+(async), or the workers forked in the background around a ps thread of this
+process (sync fp16; sync with a restarted worker), and a ps task and a
+worker forked, the ps killed mid-run (PsLostTest, on servers 0 and 1):
+worker i is a //:train run with worker i's TF_CONFIG, forked from this
+module's server i
+(`_TaskServer`, kept for the module's next cluster: one TensorFlow import
+per worker index for the whole module, not one per worker run;
+tests/binaries.py says what a forked run does and does not prove). (The
+launcher with stand-in tasks and a ps thread in-process are
+cluster_in_process_test's.) Every test bounds its run with timeouts and, in
+a finally block, kills what it started and checks that no process it started
+is left (by poll, and for the launcher's tasks by scanning /proc for the
+run's unique directory).
 """
 
 import json
 import os
 import re
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -25,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 import binaries
-import loopback_cluster
+import forked_trainer
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
 from tf1_safe_train.core import skip_log
@@ -37,6 +41,45 @@ tf1 = tf.compat.v1
 _RUN_TIMEOUT_SECS = 240
 
 
+class _TaskServer(forked_trainer.Server):
+  """A `forked_trainer.Server` whose //:train runs as a cluster task."""
+
+  def start_task(self, args, tf_config, log_path):
+    """Starts //:train with flags `args` and TF_CONFIG `tf_config` in the
+    background (stderr to `log_path`, stdout to `log_path + ".stdout"`:
+    outside the train_dir, which takes no such file); returns its
+    `forked_trainer.Process`.
+    """
+    # The child creates its log after its pid is known: one to read at once.
+    open(log_path, "w").close()
+    # forked_trainer.Server.start gives no TF_CONFIG: the same request, with
+    # one (a run-time variable: a fork sees it as a fresh process would).
+    return self._start({  # pylint: disable=protected-access
+        "module": "tf1_safe_train.train", "argv": list(args),
+        "env": binaries.env(tf_config=tf_config), "cwd": os.getcwd()},
+                       log_path)
+
+
+_SERVERS = []  # Worker i's `_TaskServer` at index i, started on first use.
+
+
+def _servers(count):
+  """The servers of workers 0..count-1. All are started before any worker
+  forks: a server still importing TensorFlow would hold its worker back
+  while the chief trains alone."""
+  while len(_SERVERS) < count:
+    _SERVERS.append(_TaskServer())
+  return _SERVERS[:count]
+
+
+def tearDownModule():
+  while _SERVERS:
+    _SERVERS.pop().close()
+
+
+def _read(path):
+  with open(path) as f:
+    return f.read()
 
 
 def _task_lines(text, task):
@@ -131,26 +174,48 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertTrue(any("every worker finished; exiting" in line
                         for line in _task_lines(err, "ps 0")))
 
+  def _start_ps(self, config):
+    """Serves `config`'s ps 0 in a thread of this process (as the ps task
+    runs it: it ends once every worker reported done); returns the thread.
+    """
+    ps = threading.Thread(target=replicas.serve_parameter_server,
+                          args=(config.for_task("ps", 0),
+                                params_lib.TrainParams(device="cpu")),
+                          daemon=True)
+    ps.start()
+    return ps
+
   def testSyncFp16OneLossScaleForEveryReplica(self):
     # The chief's decision on the aggregate updates the one loss scale every
     # worker reads: worker 1's NaN at step 8 skips the aggregate and halves
     # the scale once (not once per worker), for both workers. (Step 8: the
     # first steps may run before worker 1 has joined.)
-    # (A loopback cluster: the claim is the workers' and the chief's, not
-    # the launcher's.)
+    # (Forked workers around a ps thread: the claim is the workers' and the
+    # chief's, not the launcher's.)
     train_dir = self._train_dir()
-    result = loopback_cluster.run(
-        ["--train_dir=" + train_dir, "--sync_replicas", "--precision=fp16",
-         "--max_steps=12", "--initial_loss_scale=256",
-         "--loss_scale_growth_steps=1000", "--save_checkpoints_steps=1",
-         "--inject_nonfinite=nan@8/1"] + list(_TRAIN_FLAGS),
-        timeout=_RUN_TIMEOUT_SECS)
-    for index, worker in enumerate(result.workers):
-      self.assertIsInstance(worker, subprocess.CompletedProcess,
-                            "worker %d: %s" % (index, worker))
-      self.assertEqual(worker.returncode, 0, worker.stderr[-3000:])
-    self.assertTrue(result.ps_ended, "the ps did not end with the run")
-    worker0, worker1 = (w.stderr.splitlines() for w in result.workers)
+    config = local_cluster_lib.make_cluster(num_ps=1, num_workers=2)
+    flags = ["--train_dir=" + train_dir, "--sync_replicas", "--precision=fp16",
+             "--max_steps=12", "--initial_loss_scale=256",
+             "--loss_scale_growth_steps=1000", "--save_checkpoints_steps=1",
+             "--inject_nonfinite=nan@8/1"] + list(_TRAIN_FLAGS)
+    logs = ["%s.worker%d.log" % (train_dir, i) for i in range(2)]
+    ps = self._start_ps(config)
+    workers = []
+    try:
+      for index, server in enumerate(_servers(2)):
+        workers.append(server.start_task(
+            flags, config.for_task("worker", index).to_tf_config(),
+            logs[index]))
+      for worker in workers:
+        worker.wait(_RUN_TIMEOUT_SECS)
+    finally:
+      for worker in workers:
+        worker.kill()  # Only if still running (a failure or a timeout).
+    for worker, log in zip(workers, logs):
+      self.assertEqual(worker.returncode, 0, _read(log)[-3000:])
+    ps.join(60)
+    self.assertFalse(ps.is_alive(), "the ps did not end with the run")
+    worker0, worker1 = (_read(log).splitlines() for log in logs)
     summary = _read_summary(train_dir)
     self.assertEqual((summary["global_step"], summary["skipped_steps"],
                       summary["applied_steps"]), (12, 1, 11))
@@ -171,32 +236,23 @@ class DistributedTrainTest(tf.test.TestCase):
     # and the restarted worker's gradients are poisoned at steps 26-28. The
     # ps is a thread of this process (serve_parameter_server, as the ps task
     # runs it; a restarted worker still counts once): the ps binary's own
-    # end is testAsyncDropsOnlyThePoisonedWorkersUpdates'.
+    # end is testAsyncDropsOnlyThePoisonedWorkersUpdates'. Worker 1 and its
+    # replacement are forked from the same server, one after the other.
     train_dir = self._train_dir()
     config = local_cluster_lib.make_cluster(num_ps=1, num_workers=2)
-    cluster = config.cluster
     flags = ["--train_dir=" + train_dir, "--sync_replicas", "--max_steps=30",
              "--save_checkpoints_steps=1", "--inject_nonfinite=nan@26-28/1"
             ] + list(_TRAIN_FLAGS)
     processes, logs = {}, {}
-    ps = threading.Thread(target=replicas.serve_parameter_server,
-                          args=(config.for_task("ps", 0),
-                                params_lib.TrainParams(device="cpu")),
-                          daemon=True)
+    servers = _servers(2)
 
-    def start(name, job, index):
-      logs[name] = os.path.join(train_dir, name + ".log")
-      tf_config = json.dumps({"cluster": cluster,
-                              "task": {"type": job, "index": index}})
-      with open(logs[name], "w") as log:
-        processes[name] = subprocess.Popen(
-            binaries.command("train") + flags,
-            env=binaries.env(tf_config=tf_config), stdout=log,
-            stderr=subprocess.STDOUT)
+    def start(name, index):
+      logs[name] = "%s.%s.log" % (train_dir, name)
+      processes[name] = servers[index].start_task(
+          flags, config.for_task("worker", index).to_tf_config(), logs[name])
 
     def log_of(name):
-      with open(logs[name]) as f:
-        return f.read()
+      return _read(logs[name])
 
     def wait_for(name, pattern):
       deadline = time.monotonic() + _RUN_TIMEOUT_SECS
@@ -206,9 +262,9 @@ class DistributedTrainTest(tf.test.TestCase):
         time.sleep(0.2)
 
     try:
-      ps.start()
-      start("worker0", "worker", 0)
-      start("worker1", "worker", 1)
+      ps = self._start_ps(config)
+      start("worker0", 0)
+      start("worker1", 1)
       wait_for("worker1", r"hooks.py:\d+\] step 10/")
       # Whether worker 0 alone goes on depends on where worker 1 dies: with
       # the token worker 1 would have taken left in the queue, worker 0
@@ -220,7 +276,7 @@ class DistributedTrainTest(tf.test.TestCase):
       try:
         processes["worker1"].kill()
         processes["worker1"].wait(timeout=30)
-        start("worker1_again", "worker", 1)
+        start("worker1_again", 1)
         wait_for("worker1_again", r"worker 1 joined the run at global_step")
       finally:
         os.kill(processes["worker0"].pid, signal.SIGCONT)
@@ -231,11 +287,7 @@ class DistributedTrainTest(tf.test.TestCase):
       self.assertFalse(ps.is_alive(), "the ps did not end with the run")
     finally:
       for process in processes.values():
-        if process.poll() is None:
-          process.kill()
-        process.wait(timeout=30)
-      left = binaries.kill_leftovers(train_dir)
-    self.assertEqual(left, [])
+        process.kill()  # Only if still running (a failure or a timeout).
     self.assertTrue(all(p.poll() is not None for p in processes.values()))
     summary = _read_summary(train_dir)
     self.assertEqual(summary["global_step"], 30)
@@ -301,6 +353,58 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertIn("small_cnn/conv1/weights", moved)
     self.assertIn("small_cnn/conv1/weights/Momentum", moved)
     self.assertEqual(_nonfinite_variables(applied), [])
+
+
+class PsLostTest(tf.test.TestCase):
+  """A worker whose ps is killed mid-run exits with one line (issue 17, 5:
+  it stayed silent until the ps came back, whatever --startup_timeout_secs
+  said). The ps (a //:train ps task) and the worker are forked from this
+  module's servers: a killed ps ends its process, not a thread's server."""
+
+  def testWorkerExitsWithOneLineWhenItsPsIsLost(self):
+    train_dir = tempfile.mkdtemp(prefix="run_", dir=self.get_temp_dir())
+    config = local_cluster_lib.make_cluster(num_ps=1, num_workers=1)
+    # The forked ps listens at once: no start-up race for the timeout to
+    # cover, so it is short (waited out once the ps is gone).
+    flags = ["--train_dir=" + train_dir, "--startup_timeout_secs=2",
+             "--batch_size=4", "--num_towers=1", "--device=cpu",
+             "--log_every_n_steps=1", "--save_summaries_steps=1000",
+             "--save_checkpoints_steps=1000", "--max_steps=1000000"]
+    logs = {job: "%s.%s.log" % (train_dir, job) for job in ("ps", "worker")}
+    ps_server, worker_server = _servers(2)
+    ps = worker = None
+    try:
+      ps = ps_server.start_task(flags, config.for_task("ps", 0).to_tf_config(),
+                                logs["ps"])
+      worker = worker_server.start_task(flags, config.to_tf_config(),
+                                        logs["worker"])
+      deadline = time.monotonic() + _RUN_TIMEOUT_SECS
+      while not (re.search(r"hooks.py:\d+\] step \d+/\d+ ",
+                           _read(logs["worker"])) or
+                 worker.poll() is not None):
+        self.assertLess(time.monotonic(), deadline, "timed out")
+        time.sleep(0.2)
+      self.assertIsNone(worker.poll(), _read(logs["worker"])[-3000:])
+      ps.kill()
+      # 2 s of --startup_timeout_secs, plus the watchdog's polls and a
+      # loaded machine: far less than the minutes it used to hang.
+      worker.wait(120)
+    finally:
+      for process in (worker, ps):
+        if process is not None:
+          process.kill()  # Only if still running (a failure or a timeout).
+    text = _read(logs["worker"])
+    self.assertEqual(worker.returncode, 1, text[-3000:])
+    self.assertNotIn("Traceback", text)
+    # Ours (TensorFlow's own INFO record of the failed step, several lines
+    # long, comes before it).
+    errors = [l for l in binaries.our_lines(text) if "train: error" in l]
+    self.assertLen(errors, 1, text[-3000:])
+    self.assertEqual(binaries.our_lines(text)[-1], errors[0])
+    self.assertStartsWith(errors[0], "train: error: lost ps 0 at %s" %
+                          config.ps[0])
+    self.assertIn("--startup_timeout_secs", errors[0])
+    self.assertIn("a rerun resumes from model.ckpt-0", errors[0])
 
 
 if __name__ == "__main__":
