@@ -66,39 +66,33 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
       server cannot start, or (`ClusterUnreachableError`) a ps does not
       answer within `params.startup_timeout_secs`.
   """
-  clear = params.clear_quarantine
-  while True:
-    # A tower quarantined ends a segment: the step is rebuilt without it,
-    # from the checkpoint the segment's end saved (`quarantine`).
-    summary, restart = _train(params, extra_hooks, dataset_fn, strategy,
-                              criteria, clear)
-    if not restart:
-      return summary
-    clear = False
+  params.validate()
+  if strategy is not None and strategy.in_cluster:
+    refusal = (checkpoint_rollback.refusal_in_cluster(params) or
+               tower_unit.refusal_in_cluster(params))
+    if refusal:
+      raise params_lib.ParamsError(refusal)
+  chief = strategy is None or strategy.is_chief
+  if chief:
+    train_dir_lib.check(params.train_dir)
+  # Held from before anything reads the train_dir or builds a graph (a
+  # second trainer is refused at once) to the end of the last segment.
+  with (train_dir_lib.lock(params.train_dir) if chief
+        else contextlib.nullcontext()):
+    clear = params.clear_quarantine
+    while True:
+      # A tower quarantined ends a segment: the step is rebuilt without it,
+      # from the checkpoint the segment's end saved (`quarantine`).
+      summary, restart = _train(params, extra_hooks, dataset_fn, strategy,
+                                criteria, clear)
+      if not restart:
+        return summary
+      clear = False
 
 
 def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
   """`train`'s one segment: (run summary, restart: a tower quarantined)."""
-  params.validate()
   strategy = strategy or local_replication.Local(params)
-  if strategy.in_cluster and checkpoint_rollback.refusal_in_cluster(params):
-    raise params_lib.ParamsError(
-        checkpoint_rollback.refusal_in_cluster(params))
-  if strategy.in_cluster and tower_unit.refusal_in_cluster(params):
-    raise params_lib.ParamsError(tower_unit.refusal_in_cluster(params))
-  if strategy.is_chief:
-    train_dir_lib.check(params.train_dir)
-  # Taken before anything reads the train_dir or builds the graph: a second
-  # trainer is refused at once, not after seconds of graph building.
-  with (train_dir_lib.lock(params.train_dir) if strategy.is_chief
-        else contextlib.nullcontext()):
-    return _train_locked(params, extra_hooks, dataset_fn, strategy,
-                         criteria, clear)
-
-
-def _train_locked(params, extra_hooks, dataset_fn, strategy, criteria,
-                  clear):
-  """`_train` once the chief holds the train_dir's lock."""
   strategy.start()
   start = time.time()
   exclude_ids, excluded = _excluded_examples(params, dataset_fn)
