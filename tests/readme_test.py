@@ -2,8 +2,10 @@
 
 README.md and every docs/*.md page: each python block after a readme-run
 marker runs as written, every `tf1_safe_train.<name>`, Bazel target and file
-they mention exists, and each generated flags table equals the one the flag
-declarations give (and those are the flags the binary defines).
+they mention exists, each generated flags table equals the one the flag
+declarations give (and those are the flags the binary defines), and the
+README's list of idioms names the rows of docs/wrapper.md's idioms table
+with their verdicts.
 """
 
 import glob
@@ -91,6 +93,40 @@ def _flags_tables(text):
   """{binary: the table} of each flags-table marker of `text`."""
   return dict(re.findall(
       r"<!-- flags-table: (\w+) -->\n(.*?)<!-- /flags-table -->", text, re.S))
+
+
+def _words(text):
+  return " ".join(text.split())
+
+
+def idioms_table(text):
+  """{name: verdict} of the idioms table after the idioms-table marker.
+
+  Each row is `| **name**: how | **verdict**: what the one line does | ... |`.
+  """
+  match = re.search(r"<!-- idioms-table[^>]*-->\n(?:\|.*\n)+", text)
+  if not match:
+    return {}
+  rows = re.findall(r"(?m)^\| \*\*(.+?)\*\*:[^|]*\| \*\*(.+?)\*\*",
+                    match.group(0))
+  return {_words(name): _words(verdict) for name, verdict in rows}
+
+
+def idioms_list(text):
+  """{name: verdict} of the list between the idioms markers.
+
+  Each item is `- **verdict**: name; name; name.`, the names ending at the
+  first period followed by a space (prose may follow).
+  """
+  match = re.search(r"<!-- idioms:[^>]*-->\n(.*?)<!-- /idioms -->", text,
+                    re.S)
+  found = {}
+  for verdict, body in re.findall(r"(?ms)^- \*\*(.+?)\*\*: (.*?)(?=^- |\Z)",
+                                  match.group(1) if match else ""):
+    names = re.split(r"\.(?:\s|$)", _words(body), maxsplit=1)[0]
+    for name in names.split(";"):
+      found[_words(name)] = _words(verdict)
+  return found
 
 
 def _run(code, cwd):
@@ -198,6 +234,26 @@ class ReadmeTest(tf.test.TestCase):
         if name.endswith(".py") and name != "__init__.py":
           with self.subTest(module=package + "/" + name):
             self.assertRegex(page, r"(?m)^ +%s +\S" % re.escape(name))
+
+  def testTheReadmesIdiomsAreTheWrapperTablesRows(self):
+    # One list in two places: the README names each idiom of the wrapper
+    # page's table, by the same name, with the same verdict (issue 33).
+    table = idioms_table(_read("docs/wrapper.md"))
+    self.assertIn("in-place statistics", table)
+    self.assertEqual(table["Keras 2 updates"], "covered")
+    self.assertDictEqual(idioms_list(_readme()), table)
+
+  def testTheIdiomsParsersReadNamesAndVerdicts(self):
+    self.assertEqual(idioms_table(
+        "<!-- idioms-table -->\n| Idiom | The one line | Otherwise |\n"
+        "|---|---|---|\n| **an  EMA**: grouped | **not covered**: moves | x |\n"
+        "| **clipping**: `tf.clip` | **covered**: it skips | - |\n\nprose |"),
+                     {"an EMA": "not covered", "clipping": "covered"})
+    self.assertEqual(idioms_list(
+        "<!-- idioms: x -->\n- **covered**: a; `tf.b`\n  c.\n"
+        "- **not covered**: d. The first run says so.\n<!-- /idioms -->"),
+                     {"a": "covered", "`tf.b` c": "covered",
+                      "d": "not covered"})
 
   def testFlagsTablesAreTheDeclaredFlags(self):
     tables = {}
