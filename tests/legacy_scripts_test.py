@@ -9,11 +9,13 @@ script's own increment grouped with the train op) and tf_cnn_benchmarks'
 replicated mode (one optimizer per device, each applying once, grouped with
 tower 0's update ops). With only the wrapper line each is told at its first
 run what is not protected and the line to add; with that line it is clean.
+And tf-slim itself (1.1.0) on TF 2.21, which needs `patch_tf_slim()`.
 """
 
 import numpy as np
 import tensorflow as tf
 
+import forked_python
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 
@@ -272,6 +274,100 @@ class TfCnnBenchmarksReplicatedTest(tf.test.TestCase):
     self.assertEqual((2, 1), (counters.applied_steps, counters.skipped_steps))
     for a, b in zip(copy0, copy1):
       self.assertAllEqual(a, b)
+
+
+# A tf-slim model, run in a fresh process: `arg_scope`, `conv2d` with the
+# default batch norm (Keras 2's legacy layer, UPDATE_OPS), an in-place
+# batch norm with a tensor `is_training` (`ops.Tensor`, a cond), the wrapper
+# under `slim.learning.create_train_op`; one applied step, one skipped (a NaN
+# input), then `slim.learning.train`'s own loop. PATCH is set in front.
+_SLIM_MODEL = """
+import tempfile
+import numpy as np
+import tensorflow as tf
+import tf1_safe_train
+if PATCH:
+  print("patched", tf1_safe_train.patch_tf_slim())
+  print("again", tf1_safe_train.patch_tf_slim())
+import tf_slim as slim
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+x = tf1.placeholder_with_default(np.ones([4, 6, 6, 1], np.float32),
+                                 [None, 6, 6, 1])
+training = tf1.placeholder_with_default(True, [])
+with slim.arg_scope([slim.conv2d], normalizer_fn=slim.batch_norm,
+                    normalizer_params={"is_training": True}):
+  net = slim.conv2d(x, 2, [3, 3], scope="conv1")
+net = slim.batch_norm(net, updates_collections=None, is_training=training,
+                      scope="in_place")
+logits = slim.fully_connected(slim.flatten(net), 3, activation_fn=None)
+loss = tf1.losses.sparse_softmax_cross_entropy(tf.zeros([4], tf.int64), logits)
+opt = tf1_safe_train.SkipNonFiniteOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9))
+train_op = slim.learning.create_train_op(loss, opt, check_numerics=False)
+with tf1.Session() as sess:
+  sess.run(tf1.global_variables_initializer())
+  sess.run(train_op)
+  before = sess.run(tf1.model_variables())
+  sess.run(train_op, {x: np.full([4, 6, 6, 1], np.nan, np.float32)})
+  after = sess.run(tf1.model_variables())
+print("statistics", len([v for v in tf1.model_variables() if "moving" in v.name]),
+      "unchanged by the skip", all(map(np.array_equal, before, after)))
+last = slim.learning.train(train_op, tempfile.mkdtemp(), number_of_steps=4,
+                           save_summaries_secs=None, save_interval_secs=None)
+print("slim.learning.train's last loss finite", np.isfinite(last))
+"""
+
+
+class TfSlimTest(tf.test.TestCase):
+  """tf-slim 1.1.0 on TF 2.21: `tf1_safe_train.patch_tf_slim()` (issue 33)."""
+
+  def _run(self, patch):
+    return forked_python.run_shared("PATCH = %s\n%s" % (patch, _SLIM_MODEL),
+                                    self.get_temp_dir())
+
+  def testTfSlimFailsWithoutThePatch(self):
+    result = self._run(patch=False)
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("No module named 'tf_keras.legacy_tf_layers'", result.stderr)
+
+  def testPatchedTfSlimTrainsAndSkips(self):
+    result = self._run(patch=True)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn(
+        "patched ['control_flow_ops.Assert', 'control_flow_ops.case', "
+        "'control_flow_ops.cond', 'control_flow_ops.while_loop', 'ops.Tensor', "
+        "'tf_keras.legacy_tf_layers'", result.stdout)
+    self.assertIn("again []", result.stdout)
+    # Both batch norms' moving mean and variance, and every weight.
+    self.assertIn("statistics 4 unchanged by the skip True", result.stdout)
+    self.assertIn("slim.learning.train's last loss finite True", result.stdout)
+
+  def testTheInPlaceBatchNormFailsWithoutThePatchToo(self):
+    # Without the Keras layer (an in-place batch norm alone): ops.Tensor.
+    code = _SLIM_MODEL.replace("  net = slim.conv2d(x, 2, [3, 3], scope=\"conv1\")",
+                               "  net = x")
+    result = forked_python.run_shared("PATCH = False\n" + code,
+                                      self.get_temp_dir())
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("has no attribute 'Tensor'", result.stderr)
+
+  def testWithoutTfKerasSaysWhatToInstall(self):
+    # Loading the name imports neither tf_keras nor tf_slim; the call does.
+    result = forked_python.run_shared(
+        "import sys\n"
+        "sys.modules['tf_keras'] = None  # as if not installed\n"
+        "import tf1_safe_train\n"
+        "patch = tf1_safe_train.patch_tf_slim\n"
+        "print('loaded', 'tf_slim' in sys.modules)\n"
+        "patch()\n", self.get_temp_dir())
+    self.assertIn("loaded False", result.stdout)
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("ImportError: patch_tf_slim needs tf-keras", result.stderr)
+
+
+def tearDownModule():
+  forked_python.close_shared()
 
 
 if __name__ == "__main__":

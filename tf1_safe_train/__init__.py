@@ -19,6 +19,8 @@ _EXPORTS = {
     "SkipNonFiniteOptimizer": "tf1_safe_train.core.optimizer",
     "SpikeConfig": "tf1_safe_train.core.spikes",
     "sync_shadows": "tf1_safe_train.core.shadows",
+    # Not the skip: tf-slim 1.1.0 made usable on TF 2.21, opt-in.
+    "patch_tf_slim": "tf1_safe_train.core.tf_slim_compat",
 }
 # Modules a legacy script uses by name: tf1_safe_train.summaries.histogram.
 _MODULES = {"summaries": "tf1_safe_train.core.summaries"}
