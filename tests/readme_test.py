@@ -102,14 +102,18 @@ def _words(text):
 def idioms_table(text):
   """{name: verdict} of the idioms table after the idioms-table marker.
 
-  Each row is `| **name**: how | **verdict**: what the one line does | ... |`.
+  Each row is `| **name**: how | **verdict**: what the one line does | ... |`;
+  a row not so written maps its first cell to None (so it cannot be missed).
   """
   match = re.search(r"<!-- idioms-table[^>]*-->\n(?:\|.*\n)+", text)
-  if not match:
-    return {}
-  rows = re.findall(r"(?m)^\| \*\*(.+?)\*\*:[^|]*\| \*\*(.+?)\*\*",
-                    match.group(0))
-  return {_words(name): _words(verdict) for name, verdict in rows}
+  found = {}
+  for row in (match.group(0).splitlines()[3:] if match else []):
+    cells = re.match(r"\| \*\*(.+?)\*\*:[^|]*\| \*\*(.+?)\*\*", row)
+    if cells:
+      found[_words(cells.group(1))] = _words(cells.group(2))
+    else:
+      found[_words(row.split("|")[1])] = None
+  return found
 
 
 def idioms_list(text):
@@ -247,8 +251,10 @@ class ReadmeTest(tf.test.TestCase):
     self.assertEqual(idioms_table(
         "<!-- idioms-table -->\n| Idiom | The one line | Otherwise |\n"
         "|---|---|---|\n| **an  EMA**: grouped | **not covered**: moves | x |\n"
-        "| **clipping**: `tf.clip` | **covered**: it skips | - |\n\nprose |"),
-                     {"an EMA": "not covered", "clipping": "covered"})
+        "| **clipping**: `tf.clip` | **covered**: it skips | - |\n"
+        "| a new row | covered | - |\n\nprose |"),
+                     {"an EMA": "not covered", "clipping": "covered",
+                      "a new row": None})
     self.assertEqual(idioms_list(
         "<!-- idioms: x -->\n- **covered**: a; `tf.b`\n  c.\n"
         "- **not covered**: d. The first run says so.\n<!-- /idioms -->"),
