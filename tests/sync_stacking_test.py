@@ -12,8 +12,6 @@ optimizer, ours, wrapped in `SyncReplicasOptimizer` with the EMA as its
 optimizer). Blocking ops time out (`operation_timeout_in_ms`): never a hang.
 """
 
-import os
-
 import numpy as np
 import tensorflow as tf
 
@@ -64,10 +62,31 @@ def _watched():
           v.dtype.base_dtype == tf.float32]
 
 
+def _train(x, train_op, opt, train_dir=None):
+  """The variables' names and values before and after each step, the skip
+  counters and global_step; with `train_dir`, a checkpoint at the end."""
+  watched = _watched()
+  values = []
+  with tf1.train.MonitoredTrainingSession(
+      checkpoint_dir=train_dir, save_summaries_steps=None,
+      save_summaries_secs=None, config=_config(),
+      # Then the queue runner's waiting take is cancelled at once.
+      stop_grace_period_secs=1,
+      hooks=[opt.make_session_run_hook(is_chief=True, num_tokens=0)]
+      ) as sess:
+    values.append(sess.run(watched))
+    for step in range(4):
+      sess.run(train_op, {x: _batch(step)})
+      values.append(sess.run(watched))
+    counters = sess.run(counters_lib.skip_counters())
+    steps = sess.run(tf1.train.get_global_step())
+  return [v.op.name for v in watched], values, counters, steps
+
+
 class SlimSyncReplicasTest(tf.test.TestCase):
   """train_image_classifier --sync_replicas --moving_average_decay."""
 
-  def _build(self, wrapper_outside):
+  def _build(self, wrapper_outside, protect=True):
     x = tf1.placeholder(tf.float32, [4, 3], name="images")
     total_loss = _net(x)
     global_step = tf1.train.get_or_create_global_step()
@@ -91,7 +110,7 @@ class SlimSyncReplicasTest(tf.test.TestCase):
     update_op = tf.group(*update_ops)
     with tf1.control_dependencies([update_op]):
       train_op = tf.identity(total_loss, name="train_op")
-    if wrapper_outside:
+    if wrapper_outside and protect:
       train_op = opt.protect(train_op)
     return x, train_op, opt
 
@@ -109,25 +128,10 @@ class SlimSyncReplicasTest(tf.test.TestCase):
   def testAdviceFollowedKeepsEverythingOnASkipAndCheckpointsNoNaN(self):
     train_dir = self.get_temp_dir()
     with tf.Graph().as_default():
-      x, train_op, opt = self._build(wrapper_outside=True)
-      watched = _watched()
-      values = []
-      with tf1.train.MonitoredTrainingSession(
-          checkpoint_dir=train_dir, save_summaries_steps=None,
-          save_summaries_secs=None, config=_config(),
-          # Then the queue runner's waiting take is cancelled at once.
-          stop_grace_period_secs=1,
-          hooks=[opt.make_session_run_hook(is_chief=True, num_tokens=0)]
-          ) as sess:
-        values.append(sess.run(watched))
-        for step in range(4):
-          sess.run(train_op, {x: _batch(step)})
-          values.append(sess.run(watched))
-        counters = sess.run(counters_lib.skip_counters())
-        steps = sess.run(tf1.train.get_global_step())
+      names, values, counters, steps = _train(
+          *self._build(wrapper_outside=True), train_dir)
     self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
                                  counters.skipped_steps))
-    names = [v.op.name for v in watched]
     for name in ("net/weights/Momentum", "net/moving_mean",
                  "net/moving_mean/ExponentialMovingAverage",
                  "net/weights/ExponentialMovingAverage"):
@@ -144,11 +148,42 @@ class SlimSyncReplicasTest(tf.test.TestCase):
       value = reader.get_tensor(name)
       if np.issubdtype(np.asarray(value).dtype, np.floating):
         self.assertTrue(np.isfinite(value).all(), name)
-    self.assertTrue(os.path.isdir(train_dir))
+
+  def testOutsideWithoutProtectIsToldAtTheFirstRun(self):
+    # The update ops grouped next to the apply write on the worker, outside
+    # every decision: as without SyncReplicas, the first run names them
+    # (strict: refuses it) and the line to add.
+    with tf.Graph().as_default():
+      built = self._build(wrapper_outside=True, protect=False)
+      with self.assertRaisesRegex(ValueError, "(?s)outside the skip decision"
+                                  ".*net/moving_mean.*opt.protect"):
+        _train(*built, self.get_temp_dir())
 
 
 class MnistReplicaTest(tf.test.TestCase):
   """mnist_replica.py --sync_replicas, the wrapper outside."""
+
+  def testUpdateOpsAroundTheApplyAreRolledBackOnTheWorker(self):
+    # The legacy idiom (the first row of docs/wrapper.md's idioms table)
+    # with SyncReplicas: the pushes wait for the statistics, the chief's
+    # half does not run the worker's forward pass.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [4, 3])
+      loss = _net(x)
+      global_step = tf1.train.get_or_create_global_step()
+      opt = SkipNonFiniteOptimizer(tf1.train.SyncReplicasOptimizer(
+          tf1.train.MomentumOptimizer(0.1, momentum=0.9),
+          replicas_to_aggregate=1, total_num_replicas=1), strict=True)
+      with tf1.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        train_op = opt.minimize(loss, global_step=global_step)
+      names, values, counters, steps = _train(x, train_op, opt)
+    self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
+                                 counters.skipped_steps))
+    self.assertIn("net/moving_mean", names)
+    _kept(values[_NAN_STEP], values[_NAN_STEP + 1], self)
+    for value in values[-1]:
+      self.assertTrue(np.isfinite(value).all())
 
   def testOneLineSkipsOnceAndKeepsWeightsAndSlots(self):
     with tf.Graph().as_default():

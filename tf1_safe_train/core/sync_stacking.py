@@ -144,31 +144,53 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
                      "checks staleness with it)")
   grads_and_vars = tuple(grads_and_vars)
   losses, wrapper._losses = wrapper._losses, []
+  # The caller's control dependencies (the legacy update ops around
+  # `apply_gradients`) are the worker's: its pushes wait for them. Built
+  # under them, the chief's half would run the worker's forward pass.
+  deps = rollback.step_roots([], "sync_worker_control_dependencies")
+  with tf1.control_dependencies(None), tf1.control_dependencies(deps):
+    pushes = [(_after_deps(g), v) for g, v in grads_and_vars]
   roots = rollback.step_roots(
       [g for g, _ in grads_and_vars if g is not None] + losses,
       "sync_worker_control_dependencies")
-  updates = (rollback.update_ops_run_by(roots, [global_step])
-             if wrapper._update_ops is None else list(wrapper._update_ops))
+  updates = [rollback.as_op(u) for u in (
+      rollback.update_ops_run_by(roots, [global_step])
+      if wrapper._update_ops is None else wrapper._update_ops)]
   inner, averages = sync._opt, sync._variable_averages  # pylint: disable=protected-access
   sync._opt = _ChiefStep(wrapper, inner, averages,  # pylint: disable=protected-access
                          sync._variables_to_average)  # pylint: disable=protected-access
   sync._variable_averages = None  # pylint: disable=protected-access
   try:
-    pushed = sync.apply_gradients(grads_and_vars, global_step, name)
+    with tf1.control_dependencies(None):
+      pushed = sync.apply_gradients(pushes, global_step, name)
   finally:
     sync._opt, sync._variable_averages = inner, averages  # pylint: disable=protected-access
   view = _worker_view(grads_and_vars, updates)
-  written = rollback.written_variables(updates)
-  wrapper._step_variables += written + [sync._local_step]  # pylint: disable=protected-access
-  handled = frozenset(v.op.name for v in wrapper._step_variables)
+  # Never rolled back: a worker whose local step went back would push
+  # stale gradients, which the accumulators drop, for ever.
+  wrapper._step_variables.append(sync._local_step)  # pylint: disable=protected-access
   train_op = tf.group(pushed, view.applied, name="sync_worker_step")
-  if written:
+  if updates:
     train_op = tf.group(train_op, rollback.protect(
-        updates, view.applied, handled, name="sync_worker_statistics"))
+        updates, view.applied,
+        frozenset(v.op.name for v in wrapper._step_variables),
+        name="sync_worker_statistics"))
+  wrapper._step_variables += rollback.written_variables(updates)
+  handled = frozenset(v.op.name for v in wrapper._step_variables)
   wrapper._last_result = view._replace(train_op=train_op)
   run_check.watch(write_check.Step(view.applied, train_op, None, handled,
                                    wrapper._strict))
   return train_op
+
+
+def _after_deps(grad):
+  """`grad` through an identity under the current control dependencies."""
+  if grad is None:
+    return None
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.identity(grad.values), grad.indices,
+                            grad.dense_shape)
+  return tf.identity(grad)
 
 
 def _worker_view(grads_and_vars, updates):
