@@ -185,17 +185,23 @@ class MnistReplicaTest(tf.test.TestCase):
     for value in values[-1]:
       self.assertTrue(np.isfinite(value).all())
 
-  def testOneLineSkipsOnceAndKeepsWeightsAndSlots(self):
+  def _run(self, wrapper_outside):
+    """mnist_replica's graph and its Supervisor's session, by hand; the
+    variables' names and values before and after each step, the counters,
+    global_step and the wrapper."""
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [4, 3])
       w = tf1.get_variable("hid_w", initializer=tf.fill([3, 2], 0.5))
       loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
       global_step = tf1.Variable(0, name="global_step", trainable=False)
       opt = tf1.train.AdamOptimizer(0.01)
+      if not wrapper_outside:
+        opt = wrapper = SkipNonFiniteOptimizer(opt, strict=True)
       opt = tf1.train.SyncReplicasOptimizer(
           opt, replicas_to_aggregate=1, total_num_replicas=1,
           name="mnist_sync_replicas")
-      opt = SkipNonFiniteOptimizer(opt, strict=True)  # the one line
+      if wrapper_outside:
+        opt = wrapper = SkipNonFiniteOptimizer(opt, strict=True)
       train_step = opt.minimize(loss, global_step=global_step)
       local_init_op = opt.chief_init_op
       ready_for_local_init_op = opt.ready_for_local_init_op
@@ -203,7 +209,6 @@ class MnistReplicaTest(tf.test.TestCase):
       sync_init_op = opt.get_init_tokens_op(0)  # no spare token (above)
       init_op = tf1.global_variables_initializer()
       watched = _watched()
-      # What the script's Supervisor does with them.
       with tf1.Session(config=_config()) as sess:
         sess.run(init_op)
         self.assertEqual(0, sess.run(ready_for_local_init_op).size)
@@ -219,9 +224,12 @@ class MnistReplicaTest(tf.test.TestCase):
         steps = sess.run(global_step)
         coord.request_stop()
       coord.join(threads, stop_grace_period_secs=10)
+    return [v.op.name for v in watched], values, counters, steps, wrapper
+
+  def _assertSkippedOnceKeepingEverything(self, names, values, counters,
+                                          steps):
     self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
                                  counters.skipped_steps))
-    names = [v.op.name for v in watched]
     for name in ("hid_w", "hid_w/Adam", "hid_w/Adam_1", "beta1_power"):
       self.assertIn(name, names)
     _kept(values[_NAN_STEP], values[_NAN_STEP + 1], self)
@@ -229,6 +237,18 @@ class MnistReplicaTest(tf.test.TestCase):
       self.assertTrue(np.isfinite(moved).all())
       self.assertFalse(np.array_equal(moved, was))
 
+  def testOneLineSkipsOnceAndKeepsWeightsAndSlots(self):
+    # The wrapper outside: it answers the SyncReplicas calls the script
+    # makes on `opt` (init ops, queue runner, tokens).
+    self._assertSkippedOnceKeepingEverything(
+        *self._run(wrapper_outside=True)[:4])
+
+  def testInsideWithoutStatisticsSkipsOnTheChiefAndRefusesProtect(self):
+    *run, wrapper = self._run(wrapper_outside=False)
+    self._assertSkippedOnceKeepingEverything(*run)
+    # A worker op keyed on the chief's decision would never finish.
+    with self.assertRaisesRegex(ValueError, "never finish.*outside"):
+      wrapper.protect(tf.no_op())
 
 if __name__ == "__main__":
   tf.test.main()

@@ -34,7 +34,7 @@ GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
 class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
-                             protecting.Protecting, sync_stacking.SyncStacking,
+                             sync_stacking.SyncStacking, protecting.Protecting,
                              per_device.PerDeviceSteps, tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 

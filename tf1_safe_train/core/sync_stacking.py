@@ -43,9 +43,25 @@ ADVICE = ("opt = SkipNonFiniteOptimizer(tf.compat.v1.train."
 class SyncStacking(object):
   """`SkipNonFiniteOptimizer`'s side of a stack with `SyncReplicasOptimizer`.
 
-  The wrapper provides `_optimizer`, `_losses`, `_build_step`, `protect`,
-  `_last_result`, `_step_variables` and `_strict`.
+  The wrapper provides `_optimizer`, `_losses`, `_update_ops`,
+  `_build_step`, `_last_result`, `_step_variables` and `_strict`; this
+  class comes before `protecting.Protecting` (it refuses some `protect`s).
   """
+
+  # True once a step was built inside a SyncReplicasOptimizer.
+  _sync_inside = False
+
+  def protect(self, op, name="protect"):
+    """`protecting.Protecting.protect`, refused where it would hang."""
+    if self._sync_inside:
+      # Its decision is the chief's queue runner's: a worker's train op
+      # waiting for it would take the aggregate itself, or wait for ever.
+      raise ValueError(
+          "SkipNonFiniteOptimizer inside SyncReplicasOptimizer: protect() "
+          "cannot key a worker's ops on the chief's decision (the run would "
+          "never finish). Put the wrapper outside instead: `%s`, then "
+          "`train_op = opt.protect(train_op)`" % ADVICE)
+    return super(SyncStacking, self).protect(op, name)
 
   def __getattr__(self, name):
     # Only for names the instance lacks; never before `_optimizer` is set.
@@ -67,8 +83,14 @@ class SyncStacking(object):
       return _outside(self, self._optimizer, grads_and_vars, global_step,
                       name)
     if aggregated(grads_and_vars):
-      check_inside(_calling_sync(), self._update_ops is None)
+      worker_ops = []
+      if self._update_ops is None:  # (The trainer pushes its statistics.)
+        worker_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+        worker_ops += [op for op in rollback.update_ops_run_by(
+            [loss.op for loss in self._losses]) if op not in worker_ops]
+      check_inside(_calling_sync(), worker_ops)
       self._losses = []
+      self._sync_inside = True
     return None
 
 
@@ -96,23 +118,21 @@ def _calling_sync():
   return None
 
 
-def check_inside(sync, worker_updates=True):
+def check_inside(sync, worker_ops):
   """Refuses what the wrapper inside `sync` cannot keep on a skip.
 
-  Its step runs in the chief's queue runner; the workers' `UPDATE_OPS`
-  (their statistics) run in the workers' train ops, and `sync`'s
-  `variable_averages` after the step, both on skipped steps too: a NaN
-  batch would leave NaN statistics and shadows in every checkpoint.
-  `worker_updates` False: the wrapper was given its `update_ops` (the
-  trainer pushes its statistics' deltas with the gradients instead).
+  Its step runs in the chief's queue runner; the workers' `worker_ops`
+  (their `UPDATE_OPS` and in-place statistics) run in the workers' train
+  ops, and `sync`'s `variable_averages` after the step, both on skipped
+  steps too: a NaN batch would leave NaN statistics and shadows in every
+  checkpoint.
   """
   unprotected = []
-  updates = (tf1.get_collection(tf1.GraphKeys.UPDATE_OPS) if worker_updates
-             else [])
-  if updates:
-    unprotected.append("the workers' %d UPDATE_OPS (%s)" % (
-        len(updates), ", ".join(op.name for op in updates[:3]) +
-        (", ..." if len(updates) > 3 else "")))
+  if worker_ops:
+    names = [rollback.as_op(op).name for op in worker_ops]
+    unprotected.append("the workers' %d update ops (%s)" % (
+        len(names), ", ".join(names[:3]) + (", ..." if len(names) > 3
+                                            else "")))
   averages = sync is not None and sync._variable_averages is not None  # pylint: disable=protected-access
   if averages:
     unprotected.append("its variable_averages")
