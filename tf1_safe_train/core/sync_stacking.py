@@ -16,6 +16,7 @@ import sys
 
 import tensorflow as tf
 
+from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import rollback
@@ -168,8 +169,12 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
   # `apply_gradients`) are the worker's: its pushes wait for them. Built
   # under them, the chief's half would run the worker's forward pass.
   deps = rollback.step_roots([], "sync_worker_control_dependencies")
-  with tf1.control_dependencies(None), tf1.control_dependencies(deps):
-    pushes = [(_after_deps(g), v) for g, v in grads_and_vars]
+  # The chief's count of skips, read before the push and after the token.
+  skipped = counters_lib.skip_counters().skipped_steps
+  with tf1.control_dependencies(None):
+    before = _snapshot(skipped)
+    with tf1.control_dependencies(deps + [before]):
+      pushes = [(_after_deps(g), v) for g, v in grads_and_vars]
   roots = rollback.step_roots(
       [g for g, _ in grads_and_vars if g is not None] + losses,
       "sync_worker_control_dependencies")
@@ -186,6 +191,13 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
   finally:
     sync._opt, sync._variable_averages = inner, averages  # pylint: disable=protected-access
   view = _worker_view(grads_and_vars, updates)
+  with tf1.control_dependencies([pushed]):
+    after = _snapshot(skipped)
+  # Applied: this worker's values were finite and the chief's decision on
+  # the aggregate its push joined was to apply (with no spare token, the
+  # one between its push and its token; a spare token may come first).
+  view = view._replace(applied=tf.logical_and(
+      view.applied, tf.equal(before, after), name="worker_step_applied"))
   # Never rolled back: a worker whose local step went back would push
   # stale gradients, which the accumulators drop, for ever.
   wrapper._step_variables.append(sync._local_step)  # pylint: disable=protected-access
@@ -201,6 +213,12 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
   run_check.watch(write_check.Step(view.applied, train_op, None, handled,
                                    wrapper._strict))
   return train_op
+
+
+def _snapshot(variable):
+  """`variable`'s value when this op runs, a copy (a ref variable's
+  plain read could alias its buffer and change with it)."""
+  return tf.raw_ops.Snapshot(input=shadows.read_written(variable))
 
 
 def _after_deps(grad):
