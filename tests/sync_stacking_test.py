@@ -12,9 +12,12 @@ optimizer, ours, wrapped in `SyncReplicasOptimizer` with the EMA as its
 optimizer). Blocking ops time out (`operation_timeout_in_ms`): never a hang.
 """
 
+import threading
+
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 
@@ -249,6 +252,78 @@ class MnistReplicaTest(tf.test.TestCase):
     # A worker op keyed on the chief's decision would never finish.
     with self.assertRaisesRegex(ValueError, "never finish.*outside"):
       wrapper.protect(tf.no_op())
+
+class TwoWorkersTest(tf.test.TestCase):
+  """The wrapper outside, two workers (threads, each its graph and server)
+  and a ps: worker 1's batch poisoned once; nobody waits for ever."""
+
+  def _work(self, index, spec, servers, chief_ready, results):
+    try:
+      with tf.Graph().as_default(), tf1.device(
+          tf1.train.replica_device_setter(
+              worker_device="/job:worker/task:%d" % index, cluster=spec)):
+        x = tf1.placeholder(tf.float32, [4, 3])
+        loss = _net(x)
+        global_step = tf1.train.get_or_create_global_step()
+        opt = SkipNonFiniteOptimizer(tf1.train.SyncReplicasOptimizer(
+            tf1.train.MomentumOptimizer(0.1, momentum=0.9),
+            replicas_to_aggregate=2, total_num_replicas=2), strict=True)
+        with tf1.control_dependencies(
+            tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+          train_op = opt.minimize(loss, global_step=global_step)
+        watched = _watched()
+        if index:
+          chief_ready.wait(60)  # Then it finds the variables initialised.
+        with tf1.train.MonitoredTrainingSession(
+            master=servers[index].target, is_chief=not index,
+            config=_config(), stop_grace_period_secs=1,
+            hooks=[opt.make_session_run_hook(not index, num_tokens=0)]
+            ) as sess:
+          chief_ready.set()
+          values = [sess.run(watched)]
+          for step in range(4):
+            batch = _batch(step) if index else _batch(10 + step)
+            sess.run(train_op, {x: batch})
+            values.append(sess.run(watched))
+          results[index] = ([v.op.name for v in watched], values,
+                            sess.run(counters_lib.skip_counters()),
+                            sess.run(global_step))
+    except Exception as e:  # pylint: disable=broad-except
+      results[index] = e
+
+  def testOneSkipForBothAndTheWeightsKept(self):
+    ports = local_cluster_lib.free_ports(3)
+    spec = tf1.train.ClusterSpec({
+        "worker": ["127.0.0.1:%d" % p for p in ports[:2]],
+        "ps": ["127.0.0.1:%d" % ports[2]]})
+    servers = [tf1.train.Server(spec, job_name="worker", task_index=i)
+               for i in range(2)]
+    servers.append(tf1.train.Server(spec, job_name="ps", task_index=0))
+    chief_ready, results = threading.Event(), {}
+    threads = [threading.Thread(
+        target=self._work, args=(i, spec, servers, chief_ready, results),
+        daemon=True) for i in range(2)]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join(120)
+      self.assertFalse(thread.is_alive())
+    for index in range(2):
+      if isinstance(results[index], Exception):
+        raise results[index]
+      names, values, counters, steps = results[index]
+      self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
+                                   counters.skipped_steps))
+      # The weights and slots change in the chief's apply only, which
+      # waits for both pushes of the next step: this worker's reads are
+      # exact. (The other worker's statistics may be mid-step.)
+      for name, was, kept in zip(names, values[_NAN_STEP],
+                                 values[_NAN_STEP + 1]):
+        if "moving_mean" not in name:
+          self.assertAllEqual(was, kept, name)
+      for value in values[-1]:
+        self.assertTrue(np.isfinite(value).all())
+
 
 if __name__ == "__main__":
   tf.test.main()
