@@ -65,9 +65,10 @@ def _watched():
           v.dtype.base_dtype == tf.float32]
 
 
-def _train(x, train_op, opt, train_dir=None):
+def _train(x, train_op, sync_optimizer, train_dir=None):
   """The variables' names and values before and after each step, the skip
-  counters and global_step; with `train_dir`, a checkpoint at the end."""
+  counters and global_step; with `train_dir`, a checkpoint at the end.
+  `sync_optimizer` makes the hook (the wrapper outside, or its wrapped)."""
   watched = _watched()
   values = []
   with tf1.train.MonitoredTrainingSession(
@@ -75,7 +76,8 @@ def _train(x, train_op, opt, train_dir=None):
       save_summaries_secs=None, config=_config(),
       # Then the queue runner's waiting take is cancelled at once.
       stop_grace_period_secs=1,
-      hooks=[opt.make_session_run_hook(is_chief=True, num_tokens=0)]
+      hooks=[sync_optimizer.make_session_run_hook(is_chief=True,
+                                                  num_tokens=0)]
       ) as sess:
     values.append(sess.run(watched))
     for step in range(4):
@@ -115,7 +117,11 @@ class SlimSyncReplicasTest(tf.test.TestCase):
       train_op = tf.identity(total_loss, name="train_op")
     if wrapper_outside and protect:
       train_op = opt.protect(train_op)
-    return x, train_op, opt
+    # slim.learning.train(sync_optimizer=) wants a SyncReplicasOptimizer
+    # itself: the advice's `opt.wrapped_optimizer`.
+    sync_optimizer = opt.wrapped_optimizer if wrapper_outside else opt
+    self.assertIsInstance(sync_optimizer, tf1.train.SyncReplicasOptimizer)
+    return x, train_op, sync_optimizer
 
   def testInsideIsRefusedAtGraphBuildWithTheOrderThatProtects(self):
     with tf.Graph().as_default():
@@ -125,7 +131,8 @@ class SlimSyncReplicasTest(tf.test.TestCase):
     for words in ("clone_0/AssignSub", "variable_averages",
                   "`opt = SkipNonFiniteOptimizer(tf.compat.v1.train."
                   "SyncReplicasOptimizer(opt, ...))`",
-                  "`train_op = opt.protect(train_op)`"):
+                  "`train_op = opt.protect(train_op)`",
+                  "`opt.wrapped_optimizer`"):
       self.assertIn(words, told)
 
   def testAdviceFollowedKeepsEverythingOnASkipAndCheckpointsNoNaN(self):

@@ -144,7 +144,9 @@ def check_inside(sync, worker_ops):
         "steps too (a NaN batch leaves NaN in every checkpoint). Put the "
         "wrapper outside instead, where it protects them: `%s`, then "
         "`train_op = opt.protect(train_op)` for update ops grouped into the "
-        "train op" % (" and ".join(unprotected), ADVICE))
+        "train op; where a SyncReplicasOptimizer itself is required "
+        "(`slim.learning.train(sync_optimizer=...)`), pass "
+        "`opt.wrapped_optimizer`" % (" and ".join(unprotected), ADVICE))
 
 
 def _outside(wrapper, sync, grads_and_vars, global_step, name):
@@ -156,8 +158,10 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
   `variable_averages` SyncReplicas would apply after it applied next to it
   and rolled back on a skip. The update ops the worker's step runs anyway
   (as for an unstacked step: `rollback.update_ops_run_by`) are rolled back
-  when the worker's own gradients or their values are not finite, which
-  also makes the aggregate's decision a skip.
+  after its token when its own gradients or their values were not finite
+  or the chief skipped; `protect` keys on that too. With several workers
+  a poisoned worker's statistics are NaN on the ps from its update to its
+  rollback (a checkpoint saved then would hold them).
   """
   if global_step is None:
     raise ValueError("SkipNonFiniteOptimizer(SyncReplicasOptimizer(...)): "
