@@ -260,6 +260,27 @@ class MnistReplicaTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "never finish.*outside"):
       wrapper.protect(tf.no_op())
 
+class GlobalStepPolicyTest(tf.test.TestCase):
+
+  def testSkipsThatKeepGlobalStepAreRefusedInBothOrders(self):
+    # Such a skip leaves the next pushes stale: the chief's take never
+    # completes (seen: a deadline exceeded at the step after the skip).
+    for outside in (False, True):
+      with tf.Graph().as_default():
+        x = tf1.placeholder(tf.float32, [4, 3])
+        w = tf1.get_variable("w", initializer=tf.fill([3, 2], 0.5))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
+        global_step = tf1.train.get_or_create_global_step()
+        opt = tf1.train.GradientDescentOptimizer(0.1)
+        wrap = lambda o: SkipNonFiniteOptimizer(
+            o, increment_global_step_on_skip=False)
+        sync = lambda o: tf1.train.SyncReplicasOptimizer(o, 1, 1)
+        opt = wrap(sync(opt)) if outside else sync(wrap(opt))
+        with self.assertRaisesRegex(ValueError,
+                                    "increment_global_step_on_skip=True"):
+          opt.minimize(loss, global_step=global_step)
+
+
 class TwoWorkersTest(tf.test.TestCase):
   """The wrapper outside, two workers (threads, each its graph and server)
   and a ps: worker 1's batch poisoned once; nobody waits for ever."""

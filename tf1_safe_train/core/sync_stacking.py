@@ -45,6 +45,7 @@ class SyncStacking(object):
   """`SkipNonFiniteOptimizer`'s side of a stack with `SyncReplicasOptimizer`.
 
   The wrapper provides `_optimizer`, `_losses`, `_update_ops`,
+  `_increment_global_step_on_skip`,
   `_build_step`, `_last_result`, `_step_variables` and `_strict`; this
   class comes before `protecting.Protecting` (it refuses some `protect`s).
   """
@@ -80,7 +81,17 @@ class SyncStacking(object):
     chief's step cannot protect; otherwise the chief's step is the usual
     one, built without the worker's losses (the chief never computes them).
     """
-    if isinstance(self._optimizer, tf1.train.SyncReplicasOptimizer):
+    outside = isinstance(self._optimizer, tf1.train.SyncReplicasOptimizer)
+    if (outside or aggregated(grads_and_vars)) and not (
+        self._increment_global_step_on_skip):
+      # A skip that left global_step would leave the workers' next pushes
+      # stale: the accumulators drop them, and the chief waits for ever.
+      raise ValueError(
+          "SkipNonFiniteOptimizer with SyncReplicasOptimizer needs "
+          "increment_global_step_on_skip=True (the default): its workers' "
+          "next gradients would be dropped as stale, and the step would "
+          "never finish")
+    if outside:
       return _outside(self, self._optimizer, grads_and_vars, global_step,
                       name)
     if aggregated(grads_and_vars):
