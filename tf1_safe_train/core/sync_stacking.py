@@ -250,9 +250,9 @@ def _worker_view(grads_and_vars, updates):
   """A `guard.GuardResult` of the worker's own gradients and statistics.
 
   `applied` is False if one of them is not finite (the aggregate then is
-  not either, and the chief skips). What `protect` keys on, on the worker:
-  the chief's decision comes in another run. `counters` is None (they are
-  the chief's).
+  not either, and the chief skips); `_outside` adds the chief's decision.
+  `counters` is None: they are the chief's, whose step a worker's fetch
+  must never run.
   """
   checked = [(g, v) for g, v in grads_and_vars if g is not None]
   written = rollback.written_variables(updates)
