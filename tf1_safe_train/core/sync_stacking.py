@@ -19,6 +19,7 @@ import tensorflow as tf
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import nonfinite
+from tf1_safe_train.core import protecting
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
 from tf1_safe_train.core import shadows
@@ -53,8 +54,8 @@ class SyncStacking(object):
   # True once a step was built inside a SyncReplicasOptimizer.
   _sync_inside = False
 
-  def protect(self, op, name="protect"):
-    """`protecting.Protecting.protect`, refused where it would hang."""
+  def protect(self, op, name="protect"):  # pylint: disable=missing-docstring
+    # Refused inside SyncReplicasOptimizer, where it would hang.
     if self._sync_inside:
       # Its decision is the chief's queue runner's: a worker's train op
       # waiting for it would take the aggregate itself, or wait for ever.
@@ -64,6 +65,8 @@ class SyncStacking(object):
           "never finish). Put the wrapper outside instead: `%s`, then "
           "`train_op = opt.protect(train_op)`" % ADVICE)
     return super(SyncStacking, self).protect(op, name)
+
+  protect.__doc__ = protecting.Protecting.protect.__doc__
 
   def __getattr__(self, name):
     # Only for names the instance lacks; never before `_optimizer` is set.
