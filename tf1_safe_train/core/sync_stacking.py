@@ -111,9 +111,8 @@ class SyncStacking(object):
 
 def aggregated(grads_and_vars):
   """True if the gradients are a `SyncReplicasOptimizer`'s aggregates."""
-  return any(
-      g is not None and nonfinite._values(g).op.type in _TAKE_GRADIENT_TYPES  # pylint: disable=protected-access
-      for g, _ in grads_and_vars)
+  return any(g is not None and tf.nest.flatten(g, expand_composites=True)[
+      0].op.type in _TAKE_GRADIENT_TYPES for g, _ in grads_and_vars)
 
 
 def _calling_sync():
