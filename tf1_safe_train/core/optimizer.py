@@ -23,18 +23,18 @@ from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
 from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train.core import step_report
+from tf1_safe_train.core import sync_stacking
 from tf1_safe_train.core import wrapper_replay
 from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
 
-# Every wrapped step's `guard.GuardResult`: hooks find the flags of legacy
-# train ops there (and refuse a run of two steps: `write_check`).
+# Every step's `guard.GuardResult`, for hooks and `write_check`.
 GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
 class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
-                             protecting.Protecting,
+                             sync_stacking.SyncStacking, protecting.Protecting,
                              per_device.PerDeviceSteps, tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 
@@ -146,14 +146,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     # {id(variable): (variable, gradient)} compute_gradients returned since
     # then, for the skip report (`raw_gradients`); (None, None) if twice.
     self._computed = {}
-    # Variables the last step already handles (global_step, counters, rolled
-    # back update-op targets): `protect` leaves them alone.
+    # What the last step handles (counters, ...): `protect` leaves it alone.
     self._step_variables = []
-    # Variables the wrapper's steps and `protect` created (counters, shadows,
-    # loss scale, spike statistics): `variables()` includes them.
+    # What the wrapper's steps and `protect` create: `variables()` has them.
     self._own_variables = []
-    # Where the last step's search for update ops started (`protect` looks
-    # there for in-place writes too).
+    # Where the last step's (and `protect`'s) search for update ops starts.
     self._step_roots = []
 
   @property
@@ -207,6 +204,9 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       The step's train op.
     """
     grads_and_vars = tuple(grads_and_vars)
+    stacked = self._sync_step(grads_and_vars, global_step, name)
+    if stacked is not None:  # SyncReplicasOptimizer's: `sync_stacking`.
+      return stacked
     # Before the change (e.g. clipping) the script made after computing.
     raw = raw_gradients.before_changes(
         [(g, v) for g, v in grads_and_vars if g is not None], self._computed)
