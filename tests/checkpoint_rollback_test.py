@@ -17,10 +17,12 @@ import tensorflow as tf
 import train_dir_util
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import replication
+from tf1_safe_train.core import criteria
 from tf1_safe_train.trainer import checkpoint_rollback_target
 from tf1_safe_train.trainer import checkpoint_rollback_window
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import state_rules
 from tf1_safe_train.trainer import train_lib
 
 tf1 = tf.compat.v1
@@ -333,6 +335,34 @@ class RollbackWindowTest(tf.test.TestCase):
       f.write('{"step": 30, "exam')
     self.assertEqual(checkpoint_rollback_window.excluded_ids(train_dir),
                      [(24, [1, 2]), (24, [3])])
+
+
+class StateRulesTest(tf.test.TestCase):
+  """The one list of what a restart and a rollback keep (`state_rules`)."""
+
+  def testTheDocsTablesAreTheList(self):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    table = "\n".join(state_rules.table())
+    for doc in ("trainer.md", "checkpoints.md"):
+      with open(os.path.join(root, "docs", doc)) as f:
+        self.assertIn("\n" + table + "\n", f.read(), doc)
+
+  def testARollbackKeepsTheHistoryAndRestoresTheModel(self):
+    with tf.Graph().as_default():
+      global_step = tf1.train.get_or_create_global_step()
+      for name in ("applied_steps", "consecutive_skips", "rejected_by_tower",
+                   "suspect_faults_by_tower", "rollbacks",
+                   "small_cnn/conv1/weights", "loss_scale"):
+        tf1.Variable(0, name=name)
+      criteria.counter("spike_skips")
+      kept = sorted(v.op.name for v in state_rules.kept_on_rollback())
+      self.assertEqual(kept, [
+          "consecutive_skips", "global_step", "rejected_by_tower",
+          "rollbacks", "spike_skips", "suspect_faults_by_tower"])
+      # A counter of the step in no rule: the rollback refuses to build.
+      self.assertEqual(state_rules.unlisted(
+          [tf1.Variable(0, name="new_counter"), global_step]),
+                       ["new_counter"])
 
 
 class RollbackParamsTest(tf.test.TestCase):

@@ -126,6 +126,7 @@ def _run(cluster):
   from tf1_safe_train.cluster import replication
   from tf1_safe_train.data import cifar10
   from tf1_safe_train.trainer import checkpoint_rollback
+  from tf1_safe_train.trainer import checkpoint_rollback_target
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
   from tf1_safe_train.trainer import run_summary
@@ -199,7 +200,7 @@ def _run(cluster):
                  summary["global_step"], summary["model_fault_step"],
                  "; " + summary["rollback_refused"]
                  if "rollback_refused" in summary else "",
-                 _last_good(checkpoints, params, summary)), 1)
+                 _last_good(checkpoint_rollback_target, params, summary)), 1)
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
              "%d (--max_consecutive_skips=%d)%s; %s" % (
@@ -207,26 +208,36 @@ def _run(cluster):
                  params.max_consecutive_skips,
                  "; " + summary["rollback_refused"]
                  if "rollback_refused" in summary else "",
-                 _last_good(checkpoints, params, summary)), 1)
+                 _last_good(checkpoint_rollback_target, params, summary)), 1)
 
 
-def _last_good(checkpoints, params, summary):
+def _last_good(target, params, summary):
   """Which checkpoint holds the last good state of a run that gave up.
 
   Every checkpoint since the streak began holds the weights its steps
   failed on (a skip changes nothing); if the last applied step wrecked the
-  model they are not good, so the line names the one before that step
-  (pruning keeps it: `checkpoints.FiniteSaver`).
+  model they are not good, so the line names the one before that step, in
+  the run's history (`target`: `checkpoint_rollback_target.last_good`;
+  pruning keeps it: `checkpoints.FiniteSaver`).
   """
   start = summary["global_step"] - (
       summary["consecutive_skips"] if params.increment_global_step_on_skip
       else 0)
-  path = checkpoints.before_streak(params.train_dir, start)
+  path, restored = target.last_good(
+      params.train_dir, summary["applied_steps"],
+      summary.get("rollback_count", 0), summary.get("rollback_to_step", -1),
+      params.rollback_min_applied_steps > 0)
   if path is None:
     return ("the streak began at step %d and no checkpoint in %s predates "
             "the last step applied before it; the later checkpoints hold the "
             "weights every skipped step failed on" % (start,
                                                       params.train_dir))
+  if restored:
+    return ("the streak began at step %d: %s in %s, which the last rollback "
+            "restored (no step applied since; steps were applied after it "
+            "before), is the last good state (not the checkpoints of the "
+            "window it abandoned)" % (start, os.path.basename(path),
+                                      params.train_dir))
   return ("the streak began at step %d: %s in %s, written before the last "
           "step applied before it, is kept (the later checkpoints hold the "
           "weights every skipped step failed on)" % (

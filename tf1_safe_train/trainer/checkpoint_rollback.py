@@ -10,12 +10,13 @@ steps before the streak began, and training goes on; after
 What a rollback restores and what it keeps (the choices, and why):
   - restored: the model, its optimizer slots, statistics, shadows, EMA, the
     loss scale and `applied_steps` (the updates the model holds);
-  - kept live: the step's bookkeeping (`train_step.Step.variables`):
+  - kept live: the run's history, as `state_rules.RULES` lists it:
     `global_step` (it counts batches consumed and the README promises it
     only grows, so `--max_steps` still ends the run), the other skip
-    counters, the per-tower counts, the longest streak; the rollbacks' own
-    state (`checkpoint_rollback_state`); whatever is in `KEEP_COLLECTION`.
-    The streak (`consecutive_skips`) restarts at 0. `rolled_back_steps`
+    counters, the per-tower counts (non-finite, rejected, suspect faults),
+    the longest streak; the rollbacks' own state
+    (`checkpoint_rollback_state`). The streak (`consecutive_skips`)
+    restarts at 0. `rolled_back_steps`
     counts the applied steps undone, so every checkpoint holds
     global_step == applied_steps + skipped_steps + rolled_back_steps
     (when skips advance global_step).
@@ -35,20 +36,16 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from tf1_safe_train.core import criteria
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import checkpoint_rollback_target
 from tf1_safe_train.trainer import checkpoint_rollback_window
 from tf1_safe_train.trainer import one_machine_only
+from tf1_safe_train.trainer import state_rules
 from tf1_safe_train.trainer import tower_input
 
 tf1 = tf.compat.v1
-
-# Variables a rollback leaves as they are (run bookkeeping, not model state):
-# other modules add theirs here, before `RollbackHook.attach`.
-KEEP_COLLECTION = "tf1_safe_train_kept_on_rollback"
 
 
 def act_on_model_fault(hook, run_context, step):
@@ -141,16 +138,17 @@ class RollbackHook(core_hooks.GiveUpHook):
       resume: the checkpoint the run resumes from (its names are the ones
         every checkpoint of the run uses), or None.
     """
-    # The step's state variables (global_step, the counters, the per-tower
-    # counts, the longest streak...) are run bookkeeping, except
-    # applied_steps: it counts the updates the model holds.
+    # History is kept, model state restored: one list (`state_rules`),
+    # which every counter of the step must be in.
     counters = self._step.variables["counters"]
-    # Every reason's counter too (`criteria.counter`), as skipped_steps.
-    kept = (list(self._state) + tf1.get_collection(KEEP_COLLECTION) +
-            tf1.get_collection(criteria.COUNTERS_COLLECTION))
+    step_variables = []
     for value in self._step.variables.values():
-      kept.extend(value if isinstance(value, tuple) else [value])
-    kept = set(id(v) for v in kept) - {id(counters.applied_steps)}
+      step_variables.extend(value if isinstance(value, tuple) else [value])
+    unlisted = state_rules.unlisted(step_variables)
+    if unlisted:
+      raise ValueError("state_rules.RULES does not say whether a rollback "
+                       "keeps or restores %s" % ", ".join(unlisted))
+    kept = set(id(v) for v in state_rules.kept_on_rollback())
     restored = [v for v in tf1.global_variables() if id(v) not in kept]
     self._restorer = tf1.train.Saver(
         var_list=checkpoint_fit.names_in(resume, restored),
@@ -167,6 +165,12 @@ class RollbackHook(core_hooks.GiveUpHook):
           tf1.assign(s.rollback_to_step, self._to_step),
           tf1.assign(s.learning_rate_multiplier,
                      s.learning_rate_multiplier * factor))
+
+  def after_create_session(self, session, coord):
+    del coord
+    # The state the run resumed from: a rerun that runs no step (the run had
+    # ended) reports the whole run's counts all the same.
+    self.latest_state = session.run(self._state)._asdict()
 
   def after_run(self, run_context, run_values):
     if not self._fetched:
@@ -245,6 +249,10 @@ class RollbackHook(core_hooks.GiveUpHook):
       fields["rolled_back_steps"] = int(self.latest_state["rolled_back_steps"])
       fields["learning_rate_multiplier"] = float(
           self.latest_state["learning_rate_multiplier"])
+      # The checkpoint the model descends from (-1: none): the give-up
+      # line's last good one follows it (`checkpoint_rollback_target`).
+      fields["rollback_to_step"] = int(
+          self.latest_state["rollback_to_step"])
     if self.refusal:
       fields["rollback_refused"] = self.refusal
     fields.update(self._final or {})

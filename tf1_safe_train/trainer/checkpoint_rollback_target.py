@@ -30,6 +30,7 @@ import os
 
 import tensorflow as tf
 
+from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import checkpoints
 
 tf1 = tf.compat.v1
@@ -86,6 +87,26 @@ def lineages(train_dir, on_disk, rollbacks, rollback_to_step):
   return chain
 
 
+def _ancestors(train_dir, rollbacks, rollback_to_step):
+  """(step, path, applied_steps) of each readable checkpoint of `train_dir`
+  that is an ancestor of the current model (`lineages`), newest first."""
+  on_disk = checkpoints.on_disk(train_dir)
+  chain = lineages(train_dir, on_disk, rollbacks, rollback_to_step)
+  for step, name in sorted(on_disk.items(), reverse=True):
+    path = os.path.join(train_dir, name)
+    try:
+      reader = tf1.train.NewCheckpointReader(path)
+      names = reader.get_variable_to_shape_map()
+      applied = _read(reader, names, "applied_steps", None)
+      written_after = _read(reader, names, "rollbacks", 0)
+    except Exception:  # pylint: disable=broad-except
+      continue  # Damaged: an older one may do.
+    if applied is not None and any(
+        written_after == r and (bound is None or step <= bound)
+        for r, bound in chain):
+      yield step, path, applied
+
+
 def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
                       rollback_to_step):
   """The checkpoint a rollback restores: (path, global_step, applied_steps).
@@ -97,25 +118,65 @@ def choose_checkpoint(train_dir, at_step, max_applied, rollbacks,
   Returns:
     (path, step, applied), or (None, reason, None).
   """
-  on_disk = checkpoints.on_disk(train_dir)
-  chain = lineages(train_dir, on_disk, rollbacks, rollback_to_step)
-  for step, name in sorted(on_disk.items(), reverse=True):
-    if step >= at_step:
-      continue
-    path = os.path.join(train_dir, name)
-    try:
-      reader = tf1.train.NewCheckpointReader(path)
-      names = reader.get_variable_to_shape_map()
-      applied = _read(reader, names, "applied_steps", None)
-      written_after = _read(reader, names, "rollbacks", 0)
-    except Exception:  # pylint: disable=broad-except
-      continue  # Damaged: an older one may do.
-    ancestor = any(written_after == r and (bound is None or step <= bound)
-                   for r, bound in chain)
-    if (ancestor and applied is not None and applied <= max_applied and
+  for step, path, applied in _ancestors(train_dir, rollbacks,
+                                        rollback_to_step):
+    if (step < at_step and applied <= max_applied and
         checkpoints.damage(path, require_finite=True) is None):
       return path, step, applied
   return None, "no intact checkpoint of %s qualifies" % train_dir, None
+
+
+def last_good(train_dir, applied, rollbacks, rollback_to_step,
+              trust_restored):
+  """The last good checkpoint of a run that gave up: (path, restored).
+
+  "Good" follows the run's history, not the step numbers: among the
+  current model's ancestors (never a checkpoint of a window a rollback
+  abandoned), the newest intact one written before the last update the
+  model holds (fewer applied steps than its `applied`), which may have
+  wrecked it (finite weights on which every batch fails): the checkpoints
+  since hold the weights the streak failed on. If no step was applied
+  since the last rollback, the checkpoint it restored, when
+  `trust_restored` (--rollback_min_applied_steps > 0: the run had applied
+  steps after it before, which is why the rollback chose it).
+
+  Args:
+    train_dir: the run's directory.
+    applied: the model's applied steps (during a streak, when it began).
+    rollbacks, rollback_to_step: the model's rollback state (0, -1: none).
+    trust_restored: whether the restored checkpoint counts as good.
+
+  Returns:
+    (path, restored: it is the checkpoint the last rollback restored), or
+    (None, False).
+  """
+  for step, path, held in _ancestors(train_dir, rollbacks, rollback_to_step):
+    restored = trust_restored and rollbacks > 0 and step == rollback_to_step
+    if ((held < applied or restored) and
+        checkpoints.damage(path, require_finite=True) is None):
+      return path, restored and held == applied
+  return None, False
+
+
+def last_good_chooser(params, applied_steps):
+  """`choose(sess)` for `last_good.SparingSaver`: the path of the run's
+  last good checkpoint now (`last_good`), or None.
+
+  Args:
+    params: the run's `params.TrainParams`.
+    applied_steps: the run's `applied_steps` variable.
+  """
+  reads = [applied_steps]
+  if params.on_persistent_skips == "rollback":
+    state = checkpoint_rollback_state.state()
+    reads += [state.rollbacks, state.rollback_to_step]
+
+  def choose(sess):
+    applied, *history = sess.run(reads)
+    rollbacks, to_step = history or (0, -1)
+    return last_good(params.train_dir, int(applied), int(rollbacks),
+                     int(to_step), params.rollback_min_applied_steps > 0)[0]
+  return choose
 
 
 def keep_checkpoint_max(params):

@@ -190,23 +190,6 @@ def prepare_resume(train_dir, variables=None, params=None):
   return path
 
 
-def before_streak(train_dir, streak_start):
-  """The newest intact checkpoint of `train_dir` written before the last
-  step applied before a skip streak that began at global step
-  `streak_start` (its path), or None.
-
-  The checkpoints since hold the weights the streak's steps failed on (a
-  skip changes nothing): when the last applied step wrecked the model (all
-  finite, every later batch non-finite), this is the last good state.
-  """
-  steps = on_disk(train_dir)
-  for step in sorted((n for n in steps if n < streak_start), reverse=True):
-    path = os.path.join(train_dir, steps[step])
-    if damage(path, require_finite=True) is None:
-      return path
-  return None
-
-
 def latest(train_dir):
   """The newest intact checkpoint of `train_dir` (its path), or None.
 

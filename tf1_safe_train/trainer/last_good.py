@@ -3,10 +3,11 @@
 A skip changes nothing, so every checkpoint written during a skip streak
 holds the weights the streak's steps failed on. If the last applied step
 wrecked the model (finite weights on which every batch fails), none of them
-is good: the newest checkpoint written before that step is. `SparingSaver`
-prunes as `tf1.train.Saver` does (the newest `max_to_keep`) but never
-deletes that checkpoint while the streak lasts; `checkpoints.before_streak`
-finds it on disk (the give-up line names it).
+is good: the newest checkpoint written before that step is, in the run's
+history (after a rollback, never one of the window it abandoned:
+`checkpoint_rollback_target.last_good`, which finds it on disk for the
+give-up line). `SparingSaver` prunes as `tf1.train.Saver` does (the newest
+`max_to_keep`) but never deletes that checkpoint while the streak lasts.
 """
 
 import os
@@ -49,16 +50,21 @@ class SparingSaver(tf1.train.Saver):
   none without a streak. The newest `max_to_keep` others are kept too.
   """
 
-  def __init__(self, streak_start=None, **kwargs):
+  def __init__(self, streak_start=None, choose=None, **kwargs):
     """Creates the saver.
 
     Args:
       streak_start: an int64 tensor (`streak_start`), or None: prunes as
         `tf1.train.Saver`.
+      choose: optional `choose(sess)`, the path of the last good checkpoint
+        of the run's history during a streak, or None
+        (`checkpoint_rollback_target.last_good_chooser`); without it, the
+        newest checkpoint before the streak's start by step number.
       **kwargs: `tf1.train.Saver` arguments.
     """
     super().__init__(**kwargs)
     self._streak_start = streak_start
+    self._choose = choose
     self._keep = None  # The basename pruning spares, or None.
 
   def note_streak(self, sess):
@@ -66,6 +72,10 @@ class SparingSaver(tf1.train.Saver):
     if self._streak_start is None:
       return
     start = int(sess.run(self._streak_start))
+    if start >= 0 and self._choose is not None:
+      path = self._choose(sess)
+      self._keep = os.path.basename(path) if path else None
+      return
     names = [os.path.basename(self._CheckpointFilename(p))
              for p in self._last_checkpoints]
     before = [(step_of(n), n) for n in names

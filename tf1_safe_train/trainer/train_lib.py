@@ -242,7 +242,10 @@ def _saver(params, step, state_check, state_hook, resume):
       streak_start=last_good.streak_start(
           step.variables["global_step"],
           step.variables["counters"].consecutive_skips,
-          params.increment_global_step_on_skip))
+          params.increment_global_step_on_skip),
+      # The one the give-up line names: in the run's history.
+      choose=checkpoint_rollback_target.last_good_chooser(
+          params, step.variables["counters"].applied_steps))
 
 
 def _run_steps(step, strategy, scaffold, run, run_hooks):
