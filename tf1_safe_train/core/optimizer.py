@@ -1,11 +1,10 @@
 """`SkipNonFiniteOptimizer`: any tf.compat.v1 optimizer, made to skip bad steps.
 
-It wraps an optimizer and keeps its `compute_gradients` / `apply_gradients` /
-`minimize` signatures; a step whose gradients hold a NaN or an Inf changes no
-variable, slot, accumulator or moving statistic, and is counted instead.
-Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`, plus
-`train_op = opt.protect(train_op)` when the train op groups ops built after
-`apply_gradients` (an `ExponentialMovingAverage`).
+It keeps the wrapped optimizer's `compute_gradients` / `apply_gradients` /
+`minimize`; a step whose gradients hold a NaN or an Inf changes no variable,
+slot, accumulator or moving statistic, and is counted instead. Migration:
+`opt = SkipNonFiniteOptimizer(opt)`, plus `train_op = opt.protect(train_op)`
+when the train op groups ops built after `apply_gradients` (an EMA).
 """
 
 from absl import logging
@@ -251,6 +250,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       # the step, and tells the optimizer nothing of them.
       update_ops += keras_route.compiling_model_updates(update_ops)
     known = protecting.graph_variables()
+    keras_route.expose_learning_rate(self, self._optimizer)  # Keras' `lr`.
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
