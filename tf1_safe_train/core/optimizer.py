@@ -15,6 +15,7 @@ from tf1_safe_train.core import criteria as criteria_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
+from tf1_safe_train.core import loss_scale_stacking as stacking
 from tf1_safe_train.core import per_device
 from tf1_safe_train.core import protecting
 from tf1_safe_train.core import raw_gradients
@@ -148,8 +149,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     # Variables the last step already handles (global_step, counters, rolled
     # back update-op targets): `protect` leaves them alone.
     self._step_variables = []
-    # Variables the wrapper's steps and `protect` created (counters, shadows,
-    # loss scale, spike statistics): `variables()` includes them.
+    # What the wrapper's steps and `protect` made: `variables()` has them.
     self._own_variables = []
     # Where the last step's search for update ops started (`protect` looks
     # there for in-place writes too).
@@ -226,7 +226,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
   def _build_step(self, grads_and_vars, global_step, apply_fn,
                   optimizers_and_pairs, loss=None, tower_values=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
-    keras_route.check_graph_mode()
+    stacking.check_step_place(self, self._strict)
     if self._last_result is not None:
       # Not an error: a GAN's two steps are built by two calls (and run by
       # two session.run calls); device copies of one step are not.
@@ -271,7 +271,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         global_step=global_step,
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
-        branch_ops=[self._loss_scale] if self._loss_scale else [],
+        branch_ops=stacking.branch_ops(self._optimizer, self._loss_scale),
         spikes=detector, loss=loss, criteria=self._criteria,
         tower_values=tower_values, tower_unit=self._tower_unit,
         name=self._name)
