@@ -397,7 +397,8 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
       inc_global_step = global_step.assign_add(1)
     fetches = {"train_op": train_op, "inc_global_step": inc_global_step}
     watched = [v for v in tf1.global_variables()
-               if v.op.name.startswith("net/")]
+               if v.op.name.startswith("net/") and
+               "skip_shadow" not in v.op.name] + [loss_scale]
     return x, fetches, watched
 
   def _train(self, x, fetches, watched):
@@ -426,11 +427,13 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
   def testAdvisedLinesSkipAndCountOnce(self):
     with tf.Graph().as_default():
       built = self._build(apply_outside=True, strict=True)  # strict: clean
-      self.assertLen(built[2], 3)  # weights, Momentum, moving_mean
+      self.assertLen(built[2], 4)  # weights, Momentum, moving_mean; scale
       values, counters = self._train(*built)
     self.assertEqual((2, 1), (counters.applied_steps, counters.skipped_steps))
-    for kept, was in zip(values[2], values[1]):
-      self.assertAllEqual(was, kept)
+    for kept, was in zip(values[2][:3], values[1][:3]):
+      self.assertAllEqual(was, kept)  # bit-identical on the skip
+    # The script's scale halved on the skip (its cond), not rolled back.
+    self.assertEqual([128.0, 128.0, 64.0], [v[3] for v in values])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ skip is not counted and what runs next to the step (an EMA, update ops)
 cannot be undone. Such a step is refused (the loss-scale optimizer) or told
 (a script's cond) at graph build, with the lines that put the wrapper
 outside. Outside, the loss-scale optimizer's scale halves on the wrapper's
-skip (`branch_ops`), as it would on its own.
+skip (`branch_ops`), as it would on its own, and a script's loss-scale cond
+next to the step keeps what it writes on a skip (`loss_scale_cond_writes`).
 """
 
 import re
@@ -22,11 +23,17 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-direct-tensorflow-import
 
+from tf1_safe_train.core import cond_walk
+from tf1_safe_train.core import fetch_gate
 from tf1_safe_train.core import keras_route
+from tf1_safe_train.core import writes
 
 tf1 = tf.compat.v1
 
 _LOSS_SCALE_OPTIMIZER = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer
+# Ops that test values for NaN or Inf: a tf.cond on one is a loss scale's
+# (or another step's) own decision on the verdict.
+_FINITENESS_TYPES = frozenset(["IsFinite", "IsNan", "IsInf"])
 # How far up the stack the loss-scale optimizer's frame can be: its
 # apply_gradients, merge_call, _distributed_apply, smart_cond, the cond's
 # branch building, call_for_each_replica, then the wrapper's apply_gradients.
@@ -144,3 +151,49 @@ def branch_ops(optimizer, own_loss_scale=None):
     if isinstance(scale, tf1.mixed_precision.DynamicLossScale):
       found.append(_WrappedScale(scale))
   return found
+
+
+def _tests_finiteness(pred, cache):
+  """Whether the cond predicate `pred` is computed from a finiteness test."""
+  if pred.op not in cache:
+    cache[pred.op] = any(
+        op.type in _FINITENESS_TYPES
+        for op in fetch_gate.ancestors([pred.op], control=False))
+  return cache[pred.op]
+
+
+def loss_scale_cond_writes(ops, fed=frozenset()):
+  """Names of the variables a run of `ops` writes in loss-scale conds.
+
+  A loss-scale cond (tf_cnn_benchmarks' `cond_if_grad_has_inf_nan`, built
+  next to the step as `check_step_place` says) is a `tf.cond` on a
+  finiteness test: what it writes (the scale, halved when the gradients are
+  not finite) is meant to change on a skipped step. The first-run check
+  does not name those variables and `protect` does not roll them back.
+  The wrapper's own decisions are not entered.
+
+  Args:
+    ops: the Operations a run fetches (or `protect` is given).
+    fed: names of the run's fed tensors.
+
+  Returns:
+    A set of variable names.
+  """
+  if not ops:
+    return set()
+  decisions = set(writes.decisions(ops[0].graph))
+  cache, found = {}, []
+  for op in fetch_gate.ancestors(ops, fed):
+    if op in decisions:
+      continue
+    if op.type in cond_walk.V2_COND_OP_TYPES and op.type.endswith("If"):
+      if _tests_finiteness(op.inputs[0], cache):
+        found.append(op)
+    elif op.type in writes.WRITE_OP_TYPES and any(
+        isinstance(c, control_flow_ops.CondContext) and
+        _tests_finiteness(c.pred, cache) for c in cond_walk.contexts(op)):
+      found.append(op)
+  try:
+    return set(v.op.name for v in writes.written_variables(found))
+  except ValueError:  # Writes no rollback could undo: none to keep either.
+    return set()
