@@ -19,6 +19,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+import optimizer_test_util as test_util
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 
@@ -279,6 +280,12 @@ class TfCnnBenchmarksReplicatedTest(tf.test.TestCase):
       self.assertAllEqual(a, b)
 
 
+# TF1 scripts' v1 conds over ref variables, and TF2's defaults.
+_CONFIGS = [("CondV2", {}),
+            ("CondV1", {"control_flow_v2": False,
+                        "resource_variables": False})]
+
+
 def _amp(kind, opt):
   """The script's AMP line: TF's dynamic loss-scale optimizer around `opt`."""
   if kind == "graph_rewrite":
@@ -314,14 +321,21 @@ class AutomaticMixedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters("graph_rewrite", "loss_scale_optimizer")
   def testWrapperInsideTheLossScaleOptimizerIsRefusedAtBuild(self, kind):
-    with tf.Graph().as_default():
-      with self.assertRaisesRegex(
-          ValueError, r"skips a step with non-finite gradients without "
-          r"calling it(.|\n)*Wrap in the other order"):
-        self._build(kind, wrapper_first=True)
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config), \
+          tf.Graph().as_default():
+        with self.assertRaisesRegex(
+            ValueError, r"skips a step with non-finite gradients without "
+            r"calling it(.|\n)*Wrap in the other order"):
+          self._build(kind, wrapper_first=True)
 
   @parameterized.parameters("graph_rewrite", "loss_scale_optimizer")
   def testAdvisedOrderSkipsCountsAndHalvesTheScale(self, kind):
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config):
+        self._checkAdvisedOrder(kind)
+
+  def _checkAdvisedOrder(self, kind):
     with tf.Graph().as_default():
       x, train_op, global_step = self._build(kind, wrapper_first=False)
       scale = [v for v in tf1.global_variables()
@@ -411,13 +425,16 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
       return values, sess.run(counters_lib.skip_counters())
 
   def testApplyInsideTheCondIsToldAtBuild(self):
-    with tf.Graph().as_default():
-      with self.assertLogs(level="WARNING") as logs:
-        self._build(apply_outside=False)
-      told = _warnings(logs, "inside the tf.cond 'cond_if_grad_has_inf_nan'")
-      self.assertLen(told, 1, logs.output)
-      self.assertIn("`apply_op = opt.apply_gradients(grads_and_vars)` "
-                    "before the tf.cond", told[0])
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config), \
+          tf.Graph().as_default():
+        with self.assertLogs(level="WARNING") as logs:
+          self._build(apply_outside=False)
+        told = _warnings(logs,
+                         "inside the tf.cond 'cond_if_grad_has_inf_nan'")
+        self.assertLen(told, 1, logs.output)
+        self.assertIn("`apply_op = opt.apply_gradients(grads_and_vars)` "
+                      "before the tf.cond", told[0])
 
   def testStrictRefusesAtBuild(self):
     with tf.Graph().as_default():
@@ -425,6 +442,11 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
         self._build(apply_outside=False, strict=True)
 
   def testAdvisedLinesSkipAndCountOnce(self):
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config):
+        self._checkAdvisedLinesSkipAndCountOnce()
+
+  def _checkAdvisedLinesSkipAndCountOnce(self):
     with tf.Graph().as_default():
       built = self._build(apply_outside=True, strict=True)  # strict: clean
       self.assertLen(built[2], 4)  # weights, Momentum, moving_mean; scale
