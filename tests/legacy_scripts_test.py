@@ -368,7 +368,7 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
   on their finiteness that halves the scale or updates it and applies;
   tower 0's update ops grouped next to it, global_step advanced after."""
 
-  def _build(self, apply_outside, strict=False):
+  def _build(self, apply_outside, strict=False, protect=None):
     x = tf1.placeholder(tf.float32, [4, 3])
     loss = _net(x, "tower_0")
     global_step = tf1.train.get_or_create_global_step()
@@ -405,7 +405,7 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
           name="cond_if_grad_has_inf_nan"))
     update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "tower_0")
     train_op = tf.group(*(training_ops + update_ops))
-    if apply_outside:
+    if apply_outside if protect is None else protect:
       train_op = opt.protect(train_op)  # the first run's line
     with tf1.control_dependencies([train_op]):
       inc_global_step = global_step.assign_add(1)
@@ -440,6 +440,17 @@ class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, "inside the tf.cond"):
         self._build(apply_outside=False, strict=True)
+
+  def testProtectInsideTheCondIsRefusedAtBuild(self):
+    # The first-run line without the build-time one: the rollback would read
+    # a decision the cond did not run ("Retval[1] does not have value").
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config), \
+          tf.Graph().as_default():
+        with self.assertRaisesRegex(
+            ValueError, "protect\\(\\) cannot undo writes next to a step "
+            "built inside a tf.cond(.|\n)*cond_if_grad_has_inf_nan"):
+          self._build(apply_outside=False, protect=True)
 
   def testAdvisedLinesSkipAndCountOnce(self):
     for config_name, config in _CONFIGS:

@@ -64,10 +64,17 @@ _INSIDE_COND = (
     "wrapper skips and counts the step itself")
 
 
-def enclosing_cond(graph=None):
-  """The name of the `tf.cond` whose branch is being built, or None."""
+def enclosing_cond(graph=None, context=None):
+  """The name of the `tf.cond` whose branch is being built, or None.
+
+  Args:
+    graph: the graph (default: the default graph).
+    context: the v1 control-flow context (default: the graph's current one;
+      an op's, for where the op was built).
+  """
   graph = graph or tf1.get_default_graph()
-  context = graph._get_control_flow_context()  # pylint: disable=protected-access
+  if context is None:
+    context = graph._get_control_flow_context()  # pylint: disable=protected-access
   while context is not None:  # tf.cond v1: a CondContext, "<cond>/cond_text".
     if isinstance(context, control_flow_ops.CondContext):
       return re.sub(r"/cond_text(_\d+)?$", "", context.name)
@@ -114,6 +121,24 @@ def check_step_place(wrapper, strict):
   if strict:
     raise ValueError(_INSIDE_COND % cond)
   logging.warning(_INSIDE_COND, cond)
+
+
+def check_protectable(applied):
+  """Refuses `protect` of a step built inside a tf.cond (`check_step_place`).
+
+  Its decision (`applied`) runs only when that cond takes its branch: a
+  rollback outside that reads it would fail at run time (TensorFlow's
+  "Retval[1] does not have value").
+
+  Raises:
+    ValueError: naming the cond and the lines that build the step outside.
+  """
+  cond = enclosing_cond(
+      applied.graph, applied.op._get_control_flow_context())  # pylint: disable=protected-access
+  if cond is not None:
+    raise ValueError(
+        "protect() cannot undo writes next to a step built inside a tf.cond: "
+        + _INSIDE_COND[len("tf1_safe_train: "):] % cond)
 
 
 class _WrappedScale(object):

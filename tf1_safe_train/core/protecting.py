@@ -53,10 +53,12 @@ class Protecting(object):
       `train_tensor`, whose value the training loop logs).
 
     Raises:
-      ValueError: if `apply_gradients` has not been called, or `op` writes
-        something that is not a global or local variable.
+      ValueError: if `apply_gradients` has not been called, was built inside
+        a tf.cond, or `op` writes something that is not a global or local
+        variable.
     """
     result = self._result()
+    loss_scale_stacking.check_protectable(result.applied)
     known = graph_variables()
     ops = [rollback.as_op(o) for o in tf.nest.flatten(op)]
     # A loss-scale cond next to the step halves its scale on a skip: kept.
