@@ -139,6 +139,64 @@ class KerasGraphModeTest(tf.test.TestCase):
                                "loss_scale/scale"], names)
     self.assertTrue(any("skip_shadow" in n for n in names), names)
 
+  def _linear(self):
+    """Dense(1) under plain gradient descent at rate 0.1: each step's update
+    is hand-computable (`_descent`)."""
+    tf1.set_random_seed(1)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,))])
+    opt = _compiled(model, tf1.train.GradientDescentOptimizer(0.1))
+    return model, opt
+
+  def _descent(self, model, x, y, rate):
+    """The Dense(1) weights after one mse descent step at `rate`."""
+    w, b = _session().run(model.weights)
+    error = x.dot(w) + b - y
+    return (w - rate * 2.0 * x.T.dot(error) / len(x),
+            b - rate * 2.0 * error.sum(0) / len(x))
+
+  def assertStepRate(self, model, rate):
+    """One clean batch moves the weights by exactly `rate`'s step."""
+    expected = self._descent(model, _X[:2], _Y[:2], rate)
+    model.train_on_batch(_X[:2], _Y[:2])
+    for want, got in zip(expected, _session().run(model.weights)):
+      self.assertAllClose(want, got, rtol=1e-5, atol=1e-7)
+
+  def testLearningRateSchedulerSetsTheAppliedRate(self):
+    # A Keras script told to pass a tf.compat.v1.train optimizer keeps its
+    # own callback: epoch 0 at rate 0 (the weights cannot move), epoch 1 at
+    # 0.05; the NaN batch of each epoch is still skipped.
+    with tf.Graph().as_default():
+      model, _ = self._linear()
+      weights, rates = [], []
+      record = tf_keras.callbacks.LambdaCallback(
+          on_epoch_end=lambda epoch, logs: (
+              weights.append(_session().run(model.weights)),
+              rates.append(logs["lr"])))
+      initial = _session().run(model.weights)
+      schedule = tf_keras.callbacks.LearningRateScheduler(
+          lambda epoch, lr: [0.0, 0.05][epoch])
+      model.fit(_NAN_X, _Y, batch_size=2, epochs=2, shuffle=False,
+                callbacks=[schedule, record], verbose=0)
+      self.assertAllClose([0.0, 0.05], rates)
+      for kept, was in zip(weights[0], initial):
+        self.assertAllEqual(was, kept)  # rate 0 applied: nothing moved
+      self.assertNotAllClose(weights[0][0], weights[1][0])
+      self.assertEqual(_counters(), [6, 2, 0])
+      self.assertStepRate(model, 0.05)
+
+  def testReduceLROnPlateauSetsTheAppliedRate(self):
+    # min_delta: no epoch improves enough, so each one halves the rate.
+    with tf.Graph().as_default():
+      model, _ = self._linear()
+      reduce_lr = tf_keras.callbacks.ReduceLROnPlateau(
+          monitor="loss", factor=0.5, patience=0, min_delta=1e9)
+      model.fit(_NAN_X, _Y, batch_size=2, epochs=2, shuffle=False,
+                callbacks=[reduce_lr], verbose=0)
+      self.assertAllClose(
+          0.025, tf_keras.backend.get_value(model.optimizer.lr))
+      self.assertEqual(_counters(), [6, 2, 0])
+      self.assertStepRate(model, 0.025)
+
   def testKerasOptimizerIsRefused(self):
     with self.assertRaisesRegex(TypeError, "not a Keras optimizer"):
       optimizer_lib.SkipNonFiniteOptimizer(tf_keras.optimizers.SGD(0.1))

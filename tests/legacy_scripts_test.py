@@ -10,12 +10,18 @@ replicated mode (one optimizer per device, each applying once, grouped with
 tower 0's update ops). With only the wrapper line each is told at its first
 run what is not protected and the line to add; with that line it is clean.
 And tf-slim itself (1.1.0) on TF 2.21, which needs `patch_tf_slim()`.
+Stacked with loss scaling: a script's AMP line after the wrapper line
+(TF's dynamic loss-scale optimizer around the wrapper) is refused at graph
+build, and tf_cnn_benchmarks' `--fp16_enable_auto_loss_scale` cond around
+the apply is told; with the lines they say, each is clean.
 """
 
+from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
 import forked_python
+import optimizer_test_util as test_util
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 
@@ -368,6 +374,193 @@ class TfSlimTest(tf.test.TestCase):
 
 def tearDownModule():
   forked_python.close_shared()
+# TF1 scripts' v1 conds over ref variables, and TF2's defaults.
+_CONFIGS = [("CondV2", {}),
+            ("CondV1", {"control_flow_v2": False,
+                        "resource_variables": False})]
+
+
+def _amp(kind, opt):
+  """The script's AMP line: TF's dynamic loss-scale optimizer around `opt`."""
+  if kind == "graph_rewrite":
+    return tf1.mixed_precision.enable_mixed_precision_graph_rewrite(opt)
+  return tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
+
+
+class AutomaticMixedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
+  """A script's AMP line and an EMA, with the wrapper line before or after
+  the AMP line; update ops as control dependencies of minimize."""
+
+  def _build(self, kind, wrapper_first):
+    if kind == "graph_rewrite":  # Process-wide: later graphs must not have it.
+      self.addCleanup(tf1.mixed_precision.disable_mixed_precision_graph_rewrite)
+    x = tf1.placeholder(tf.float32, [4, 3])
+    loss = _net(x, "amp")
+    global_step = tf1.train.get_or_create_global_step()
+    opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
+    if wrapper_first:  # the wrapper line where the migration put it
+      opt = optimizer_lib.SkipNonFiniteOptimizer(opt, strict=True)
+      opt = _amp(kind, opt)
+    else:  # the order the refusal says
+      opt = _amp(kind, opt)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(opt, strict=True)
+    with tf1.control_dependencies(tf1.get_collection(
+        tf1.GraphKeys.UPDATE_OPS)):
+      train_op = opt.minimize(loss, global_step=global_step)
+    ema = tf1.train.ExponentialMovingAverage(0.99)
+    with tf1.control_dependencies([train_op]):
+      train_op = tf.group(ema.apply(tf1.trainable_variables()))
+    train_op = opt.protect(train_op)  # the first run's line
+    return x, train_op, global_step
+
+  @parameterized.parameters("graph_rewrite", "loss_scale_optimizer")
+  def testWrapperInsideTheLossScaleOptimizerIsRefusedAtBuild(self, kind):
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config), \
+          tf.Graph().as_default():
+        with self.assertRaisesRegex(
+            ValueError, r"skips a step with non-finite gradients without "
+            r"calling it(.|\n)*Wrap in the other order"):
+          self._build(kind, wrapper_first=True)
+
+  @parameterized.parameters("graph_rewrite", "loss_scale_optimizer")
+  def testAdvisedOrderSkipsCountsAndHalvesTheScale(self, kind):
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config):
+        self._checkAdvisedOrder(kind)
+
+  def _checkAdvisedOrder(self, kind):
+    with tf.Graph().as_default():
+      x, train_op, global_step = self._build(kind, wrapper_first=False)
+      scale = [v for v in tf1.global_variables()
+               if v.op.name == "current_loss_scale"]
+      watched = [v for v in tf1.global_variables()
+                 if "skip_shadow" not in v.op.name and v not in scale and
+                 v.dtype.base_dtype == tf.float32]
+      values, scales = [], []
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for step in range(3):
+          values.append(sess.run(watched))
+          scales.append(sess.run(scale))
+          sess.run(train_op, {x: _batch(step, nan=step == 1)})
+        counters = sess.run(counters_lib.skip_counters())
+        self.assertEqual(3, sess.run(global_step))  # the policy: each step
+    self.assertEqual(["net/weights", "net/moving_mean", "net/weights/Momentum",
+                      "net/weights/ExponentialMovingAverage"],
+                     [v.op.name for v in watched])
+    self.assertEqual((2, 1), (counters.applied_steps, counters.skipped_steps))
+    after_skip = values[2]
+    for name, kept, was in zip([v.op.name for v in watched], after_skip,
+                               values[1]):
+      self.assertAllEqual(was, kept, msg=name)  # bit-identical on the skip
+    self.assertEqual([[2.0**15], [2.0**15], [2.0**14]], scales)
+
+
+class TfCnnBenchmarksAutoLossScaleTest(tf.test.TestCase):
+  """The script's own loss scale: scaled loss, unscaled gradients, a cond
+  on their finiteness that halves the scale or updates it and applies;
+  tower 0's update ops grouped next to it, global_step advanced after."""
+
+  def _build(self, apply_outside, strict=False, protect=None):
+    x = tf1.placeholder(tf.float32, [4, 3])
+    loss = _net(x, "tower_0")
+    global_step = tf1.train.get_or_create_global_step()
+    loss_scale = tf1.get_variable("loss_scale", initializer=128.0,
+                                  trainable=False)
+    normal_steps = tf1.get_variable("loss_scale_normal_steps", initializer=0,
+                                    trainable=False)
+    tvars = tf1.trainable_variables()
+    grads = tf.gradients(loss * loss_scale, tvars)
+    grads = [g * (1.0 / loss_scale) for g in grads]
+    grad_has_inf_nan = tf.logical_not(tf.reduce_all(
+        [tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
+    opt = optimizer_lib.SkipNonFiniteOptimizer(
+        tf1.train.MomentumOptimizer(0.1, momentum=0.9), strict=strict)
+
+    def update_op_if_nan_or_inf():
+      return tf.group(tf1.assign(loss_scale, loss_scale / 2.0),
+                      tf1.assign(normal_steps, 0))
+
+    def loss_scale_update_op():
+      return tf.group(tf1.assign_add(normal_steps, 1))
+
+    training_ops = []
+    if apply_outside:  # the lines the build-time warning says
+      training_ops.append(opt.apply_gradients(list(zip(grads, tvars))))
+      training_ops.append(tf.cond(grad_has_inf_nan, update_op_if_nan_or_inf,
+                                  loss_scale_update_op,
+                                  name="cond_if_grad_has_inf_nan"))
+    else:
+      training_ops.append(tf.cond(
+          grad_has_inf_nan, update_op_if_nan_or_inf,
+          lambda: tf.group(loss_scale_update_op(),
+                           opt.apply_gradients(list(zip(grads, tvars)))),
+          name="cond_if_grad_has_inf_nan"))
+    update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "tower_0")
+    train_op = tf.group(*(training_ops + update_ops))
+    if apply_outside if protect is None else protect:
+      train_op = opt.protect(train_op)  # the first run's line
+    with tf1.control_dependencies([train_op]):
+      inc_global_step = global_step.assign_add(1)
+    fetches = {"train_op": train_op, "inc_global_step": inc_global_step}
+    watched = [v for v in tf1.global_variables()
+               if v.op.name.startswith("net/") and
+               "skip_shadow" not in v.op.name] + [loss_scale]
+    return x, fetches, watched
+
+  def _train(self, x, fetches, watched):
+    values = []
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      for step in range(3):
+        values.append(sess.run(watched))
+        sess.run(fetches, {x: _batch(step, nan=step == 1)})
+      return values, sess.run(counters_lib.skip_counters())
+
+  def testApplyInsideTheCondIsToldAtBuild(self):
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config), \
+          tf.Graph().as_default():
+        with self.assertLogs(level="WARNING") as logs:
+          self._build(apply_outside=False)
+        told = _warnings(logs,
+                         "inside the tf.cond 'cond_if_grad_has_inf_nan'")
+        self.assertLen(told, 1, logs.output)
+        self.assertIn("`apply_op = opt.apply_gradients(grads_and_vars)` "
+                      "before the tf.cond", told[0])
+
+  def testStrictRefusesAtBuild(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(ValueError, "inside the tf.cond"):
+        self._build(apply_outside=False, strict=True)
+
+  def testProtectInsideTheCondIsRefusedAtBuild(self):
+    # The first-run line without the build-time one: the rollback would read
+    # a decision the cond did not run ("Retval[1] does not have value").
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config), \
+          tf.Graph().as_default():
+        with self.assertRaisesRegex(
+            ValueError, "protect\\(\\) cannot undo writes next to a step "
+            "built inside a tf.cond(.|\n)*cond_if_grad_has_inf_nan"):
+          self._build(apply_outside=False, protect=True)
+
+  def testAdvisedLinesSkipAndCountOnce(self):
+    for config_name, config in _CONFIGS:
+      with self.subTest(config_name), test_util.tf_config(**config):
+        self._checkAdvisedLinesSkipAndCountOnce()
+
+  def _checkAdvisedLinesSkipAndCountOnce(self):
+    with tf.Graph().as_default():
+      built = self._build(apply_outside=True, strict=True)  # strict: clean
+      self.assertLen(built[2], 4)  # weights, Momentum, moving_mean; scale
+      values, counters = self._train(*built)
+    self.assertEqual((2, 1), (counters.applied_steps, counters.skipped_steps))
+    for kept, was in zip(values[2][:3], values[1][:3]):
+      self.assertAllEqual(was, kept)  # bit-identical on the skip
+    # The script's scale halved on the skip (its cond), not rolled back.
+    self.assertEqual([128.0, 128.0, 64.0], [v[3] for v in values])
 
 
 if __name__ == "__main__":

@@ -1,11 +1,9 @@
 """`SkipNonFiniteOptimizer`: any tf.compat.v1 optimizer, made to skip bad steps.
 
-It wraps an optimizer and keeps its `compute_gradients` / `apply_gradients` /
-`minimize` signatures; a step whose gradients hold a NaN or an Inf changes no
-variable, slot, accumulator or moving statistic, and is counted instead.
-Migration is one line: `opt = SkipNonFiniteOptimizer(opt)`, plus
-`train_op = opt.protect(train_op)` when the train op groups ops built after
-`apply_gradients` (an `ExponentialMovingAverage`).
+It keeps the wrapped optimizer's `compute_gradients` / `apply_gradients` /
+`minimize`; a step whose gradients hold a NaN or an Inf changes no variable,
+slot, accumulator or moving statistic, and is counted instead. Migration:
+`opt = SkipNonFiniteOptimizer(opt)` (docs/wrapper.md: what else, when).
 """
 
 from absl import logging
@@ -16,6 +14,7 @@ from tf1_safe_train.core import criteria as criteria_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
+from tf1_safe_train.core import loss_scale_stacking as stacking
 from tf1_safe_train.core import per_device
 from tf1_safe_train.core import protecting
 from tf1_safe_train.core import raw_gradients
@@ -227,7 +226,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
   def _build_step(self, grads_and_vars, global_step, apply_fn,
                   optimizers_and_pairs, loss=None, tower_values=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
-    keras_route.check_graph_mode()
+    stacking.check_step_place(self, self._strict)
     if self._last_result is not None:
       # Not an error: a GAN's two steps are built by two calls (and run by
       # two session.run calls); device copies of one step are not.
@@ -251,6 +250,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       # the step, and tells the optimizer nothing of them.
       update_ops += keras_route.compiling_model_updates(update_ops)
     known = protecting.graph_variables()
+    keras_route.expose_learning_rate(self, self._optimizer)  # Keras' `lr`.
     for optimizer, pairs in optimizers_and_pairs:
       var_list = [v for g, v in pairs if g is not None]
       if var_list:
@@ -271,7 +271,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         global_step=global_step,
         increment_global_step_on_skip=self._increment_global_step_on_skip,
         update_ops=update_ops,
-        branch_ops=[self._loss_scale] if self._loss_scale else [],
+        branch_ops=stacking.branch_ops(self._optimizer, self._loss_scale),
         spikes=detector, loss=loss, criteria=self._criteria,
         tower_values=tower_values, tower_unit=self._tower_unit,
         name=self._name)

@@ -10,6 +10,7 @@ step, the writes of ops built after `apply_gradients` (an EMA), and
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import loss_scale_stacking
 from tf1_safe_train.core import rollback
 
 tf1 = tf.compat.v1
@@ -34,7 +35,9 @@ class Protecting(object):
     shadows bit-identical on a skipped step. `op` may be the whole train op:
     the variables the step itself handles (`global_step`, the skip counters,
     the rolled-back `UPDATE_OPS` targets, and everything the wrapped
-    optimizer updates inside the decision) are left to it.
+    optimizer updates inside the decision) are left to it, and so is what a
+    loss-scale cond next to the step writes (a scale halved on the skip:
+    `loss_scale_stacking.loss_scale_cond_writes`).
 
     Each written variable costs one shadow (see `rollback.protect`).
 
@@ -50,14 +53,19 @@ class Protecting(object):
       `train_tensor`, whose value the training loop logs).
 
     Raises:
-      ValueError: if `apply_gradients` has not been called, or `op` writes
-        something that is not a global or local variable.
+      ValueError: if `apply_gradients` has not been called, was built inside
+        a tf.cond, or `op` writes something that is not a global or local
+        variable.
     """
     result = self._result()
+    loss_scale_stacking.check_protectable(result.applied)
     known = graph_variables()
+    ops = [rollback.as_op(o) for o in tf.nest.flatten(op)]
+    # A loss-scale cond next to the step halves its scale on a skip: kept.
     protected = rollback.protect(
-        [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
-        {v.op.name for v in self._step_variables}, self._step_roots, name)
+        ops, result.applied, {v.op.name for v in self._step_variables} |
+        loss_scale_stacking.loss_scale_cond_writes(ops),
+        self._step_roots, name)
     self._note_own_variables(known)
     if isinstance(op, tf.Tensor):
       with tf1.control_dependencies([protected]):

@@ -21,6 +21,7 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 from tf1_safe_train.core import cond_walk
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import fetch_gate
+from tf1_safe_train.core import loss_scale_stacking
 from tf1_safe_train.core import run_advice
 from tf1_safe_train.core import shadows as shadows_lib
 
@@ -116,7 +117,8 @@ def unguarded_writes(ops, decisions, handled_names=(), fed=frozenset()):
     return []
   graph = ops[0].graph
   inside = decision_contexts(decisions)
-  handled = handled_variable_names(graph) | set(handled_names)
+  handled = (handled_variable_names(graph) | set(handled_names) |
+             loss_scale_stacking.loss_scale_cond_writes(ops, fed))
   variables = {v.op: v for v in
                graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
                graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
