@@ -111,7 +111,8 @@ def _flock(fd, train_dir, path):
 
 
 def _open_directory(train_dir):
-  """An fd of `train_dir` to flock, or None where it cannot be locked.
+  """An fd of `train_dir` holding its exclusive flock (BlockingIOError if
+  another process holds it), or None where a directory cannot be flocked.
 
   Linux's NFS client emulates flock with a byte-range lock, which needs a
   file open for writing: a directory's fails there (EBADF), as on a file
