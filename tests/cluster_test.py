@@ -86,6 +86,13 @@ class TfConfigTest(tf.test.TestCase):
         (_tf_config({"ps": ["h:1"], "worker": ["h:2", "h:1"]}),
          "ps 0 and worker 1 have the same address h:1"),
         (json.dumps({"cluster": _CLUSTER, "task": "worker"}), "'task'"),
+        # Regression tests (issue 32, 12): RecursionError; the last "task"
+        # taken without a word.
+        ("[" * 30000 + "]" * 30000, "nests arrays or objects 30000 levels"),
+        (_tf_config()[:-1] + ', "task": {"type": "ps", "index": 0}}',
+         'the key "task" twice'),
+        ('{"cluster": {"ps": ["h:1"], "ps": ["h:3"], "worker": ["h:2"]}, '
+         '"task": {"type": "ps", "index": 0}}', 'the key "ps" twice'),
     ]
     for value, expected in cases:
       with self.subTest(value=value):
@@ -259,6 +266,26 @@ class ClusterCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
                                 expected, exit_code=2)
         # Checked before TensorFlow is imported, let alone a server started.
         self.assertLess(time.monotonic() - start, 60)
+        self.assertFalse(os.path.exists(train_dir))
+
+  # Regression test (issue 32, 12): a TF_CONFIG nested 30,000 levels deep
+  # ended in a RecursionError traceback, exit 1; a key given twice was taken
+  # last-wins without a word.
+  def testAbsurdTfConfigIsRefusedBeforeTensorFlow(self):
+    train_dir = os.path.join(self.get_temp_dir(), "untouched")
+    cases = [
+        ("[" * 30000 + "]" * 30000,
+         "TF_CONFIG nests arrays or objects 30000 levels deep"),
+        ('{"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": '
+         '"ps", "index": 0}, "task": {"type": "worker", "index": 0}}',
+         'TF_CONFIG has the key "task" twice in one object'),
+    ]
+    for tf_config, expected in cases:
+      with self.subTest(expected=expected):
+        self.assertOneLineError(
+            binaries.run("train", "--train_dir=" + train_dir,
+                         tf_config=tf_config, no_tensorflow=True),
+            expected, exit_code=2)
         self.assertFalse(os.path.exists(train_dir))
 
   def testWorkerSelectorOutOfRange(self):

@@ -2,6 +2,7 @@
 
 import io
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -105,6 +106,34 @@ class FlagsTest(tf.test.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertEqual(binaries.our_lines(result.stderr), [
             "local_cluster: error: --stop_grace_secs=%s: %s" % (value, text)])
+
+  # Regression test (issue 32, 12): --num_workers=100000 bound a socket per
+  # task until `OSError: Too many open files`, a traceback and exit 1.
+  def testMoreTasksThanTheMachineCanOpenAreRefusedBeforeOpeningAny(self):
+
+    def open_files(limit):
+      return lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                        (limit, limit))
+
+    # With `ulimit -n 100`: (100 - 64 spare) / 2 files per task.
+    for num_workers, limit, expected in (
+        (100000, None, "100001 tasks are more than this launcher can start "
+         "(at most "),
+        (18, 100, "19 tasks are more than this launcher can start (at most "
+         "18: each task holds 2 of the 100 open files `ulimit -n` allows)")):
+      with self.subTest(num_workers=num_workers):
+        result = subprocess.run(
+            binaries.command("local_cluster") + [
+                "--num_workers=%d" % num_workers, "--", "--max_steps=1"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env=binaries.env(no_tensorflow=True),
+            preexec_fn=limit and open_files(limit))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        lines = binaries.our_lines(result.stderr)
+        self.assertLen(lines, 1, result.stderr)
+        self.assertStartsWith(lines[0], "local_cluster: error: --num_ps=1 "
+                              "--num_workers=%d: %s" % (num_workers,
+                                                        expected))
 
 
 if __name__ == "__main__":

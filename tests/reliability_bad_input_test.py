@@ -11,10 +11,13 @@ would end in a traceback. (tests/cli_test.py covers part of the table against
 a stand-in directory; the cluster spec rows come with the cluster issue.)
 """
 
+import errno
 import fcntl
 import os
+import stat
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -177,17 +180,23 @@ class BadInputTest(tf.test.TestCase):
           self.assertEqual(f.read(), "not a directory")
 
   # Regression test: a train_dir in use was refused only after TensorFlow's
-  # import and the graph's build.
+  # import and the graph's build. And (issue 32, 11) the preflight probe
+  # looked at train.lock's lock only, which deleting the file released.
   def testTrainDirInUse(self):
-    # Held as another trainer holds it, without rewriting the file's holder.
-    fd = os.open(os.path.join(self.train_dir, train_dir_lib.LOCK_FILE),
-                 os.O_RDONLY)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      self.assertBadInput([], "--train_dir=" + self.train_dir,
-                          "in use by another trainer")
-    finally:
-      os.close(fd)
+    # Held as another trainer holds it, without rewriting the file's holder:
+    # the directory (this version's lock), or train.lock alone (an older
+    # version's).
+    for held in (self.train_dir,
+                 os.path.join(self.train_dir, train_dir_lib.LOCK_FILE)):
+      with self.subTest(held=held):
+        fd = os.open(held, os.O_RDONLY)
+        try:
+          fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          self.assertBadInput([], "--train_dir=" + self.train_dir,
+                              "in use by another trainer",
+                              "(pid %d on host " % os.getpid())
+        finally:
+          os.close(fd)
 
   def testReadOnlyTrainDir(self):
     if os.geteuid() == 0:
@@ -339,6 +348,33 @@ class TrainDirInUseTest(tf.test.TestCase):
                                   "in use by another trainer"):
         train_lib.train(params, dataset_fn=dataset_fn)
     self.assertEqual(built, [])
+
+  def testWhereADirectoryCannotBeLockedTrainLockIsTheLock(self):
+    # Linux's NFS client refuses an exclusive flock of a directory (EBADF:
+    # it emulates flock with a byte-range lock, which needs a file open for
+    # writing).
+    real_flock = fcntl.flock
+
+    def nfs_flock(fd, operation):
+      if stat.S_ISDIR(os.fstat(fd).st_mode):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+      return real_flock(fd, operation)
+
+    train_dir = self.get_temp_dir()
+    with mock.patch.object(fcntl, "flock", nfs_flock):
+      with self.assertLogs(level="WARNING") as logs:
+        with train_dir_lib.lock(train_dir):
+          with self.assertRaisesRegex(train_dir_lib.TrainDirError,
+                                      "in use by another trainer"):
+            train_dir_lib.check_free(train_dir)
+          with self.assertRaisesRegex(train_dir_lib.TrainDirError,
+                                      "in use by another trainer"):
+            with train_dir_lib.lock(train_dir):
+              pass
+      train_dir_lib.check_free(train_dir)  # Released.
+    self.assertLen(logs.records, 1)
+    self.assertIn("cannot be locked as a directory", logs.output[0])
+    self.assertIn("do not delete it", logs.output[0])
 
 
 if __name__ == "__main__":

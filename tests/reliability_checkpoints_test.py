@@ -445,6 +445,17 @@ class OneTrainerPerDirTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
                               "pid %d" % first.pid, exit_code=2)
       # Nothing of the second one was written (events, checkpoints).
       self.assertCountEqual(train_dir_util.files_snapshot(train_dir), before)
+      # Regression test (issue 32, 11): train.lock deleted (a "stale lock"
+      # clean-up) let a second trainer resume from the first's checkpoint
+      # and write the same model.ckpt-N. The lock is the directory's.
+      os.remove(os.path.join(train_dir, train_dir_lib.LOCK_FILE))
+      before.pop(train_dir_lib.LOCK_FILE)
+      second = lib.run_trainer(_args(train_dir, "--max_steps=3"))
+      self.assertOneLineError(second, "--train_dir=" + train_dir,
+                              "in use by another trainer",
+                              "train.lock, which names it, was deleted",
+                              exit_code=2)
+      self.assertCountEqual(train_dir_util.files_snapshot(train_dir), before)
     finally:
       lib.kill_and_reap(first)  # SIGKILL: no clean-up of its lock.
     self.assertEqual(first.returncode, -signal.SIGKILL)

@@ -21,6 +21,7 @@ import threading
 import time
 
 from tf1_safe_train.cluster import cluster_flags
+from tf1_safe_train.cluster import launch_limit
 from tf1_safe_train.cluster import spec as cluster_lib
 
 PROGRAM = "local_cluster"
@@ -161,6 +162,7 @@ class LocalCluster(object):
     if num_ps < 1 or num_workers < 1:
       raise ValueError("a cluster needs at least one ps and one worker, got "
                        "--num_ps=%d --num_workers=%d" % (num_ps, num_workers))
+    launch_limit.check(num_ps, num_workers)  # Before anything is opened.
     if not (math.isfinite(stop_grace_secs) and stop_grace_secs >= 0):
       # NaN would pass any comparison: "still running nans after...".
       raise ValueError("--stop_grace_secs=%g: must be a finite number >= 0" %

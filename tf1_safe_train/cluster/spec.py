@@ -14,6 +14,7 @@ cluster before paying for the import.
 """
 
 import dataclasses
+import itertools
 import json
 import re
 import socket
@@ -30,6 +31,10 @@ TF_CONFIG = "TF_CONFIG"
 # error so that a user coming from Estimator knows what to change.
 _OTHER_TF_CONFIG_JOBS = ("chief", "master", "evaluator")
 _HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
+# A TF_CONFIG nests 3 levels; json.loads recurses once per level (30,000
+# raised RecursionError), so deeper than this is refused before it.
+_MAX_TF_CONFIG_DEPTH = 32
+_JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class ClusterSpecError(ValueError):
@@ -201,8 +206,15 @@ def from_tf_config(value):
   """
   if value is None or not value.strip():
     return None
+  depth = _nesting(value)
+  if depth > _MAX_TF_CONFIG_DEPTH:
+    raise ClusterSpecError(
+        "TF_CONFIG nests arrays or objects %d levels deep (a cluster spec "
+        "needs 3; at most %d are accepted)" % (depth, _MAX_TF_CONFIG_DEPTH))
   try:
-    config = json.loads(value)
+    config = json.loads(value, object_pairs_hook=_object)
+  except ClusterSpecError:
+    raise
   except ValueError as e:
     raise ClusterSpecError("TF_CONFIG is not valid JSON (%s)" % e) from None
   if not isinstance(config, dict):
@@ -235,6 +247,24 @@ def from_tf_config(value):
                            "and 'index', got %r" % (task,))
   return ClusterConfig(ps=jobs[PS], worker=jobs[WORKER],
                        job_name=task["type"], task_index=task.get("index", 0))
+
+
+def _nesting(text):
+  """The deepest nesting of JSON arrays and objects in `text`."""
+  brackets = re.findall(r"[][{}]", _JSON_STRING_RE.sub("", text))
+  return max(itertools.accumulate(1 if b in "[{" else -1 for b in brackets),
+             default=0)
+
+
+def _object(pairs):
+  """A JSON object as a dict; a key given twice is refused (json: last wins)."""
+  result = {}
+  for key, value in pairs:
+    if key in result:
+      raise ClusterSpecError("TF_CONFIG has the key %s twice in one object: "
+                             "give it once" % json.dumps(key))
+    result[key] = value
+  return result
 
 
 def wait_for_ps(config, timeout_secs, poll_secs=0.5):

@@ -4,17 +4,24 @@
 run of ours (checkpoints, events, run_summary.json, our lock file), and
 refuses any other non-empty directory (`--train_dir=/`, a home directory, a
 data folder) before anything is written into it. `lock` holds an exclusive
-`fcntl.flock` on `<train_dir>/train.lock` for the process's life: a second
-trainer on the same directory refuses and names the first (pid, host); the
-kernel releases the lock when the holder dies, even by SIGKILL, so a crash
-never leaves it stuck.
+`fcntl.flock` on the directory itself for the process's life: a second
+trainer on the same directory refuses and names the first (pid, host, from
+`<train_dir>/train.lock`, which the holder writes). Deleting `train.lock` (a
+common "stale lock" clean-up) releases nothing: the lock is the directory's,
+not a file's. The kernel releases it when the holder dies, even by SIGKILL,
+so a crash never leaves it stuck. The holder also flocks `train.lock`, which
+keeps out a trainer of an older version (that locked the file only), and is
+the whole lock where a directory cannot be flocked (NFS: see `lock`).
 """
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import socket
+
+from absl import logging
 
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import checkpoint_rollback_window
@@ -89,26 +96,65 @@ def _holder(path):
   try:
     with open(path) as f:
       return f.read().strip() or "unknown"
+  except FileNotFoundError:
+    return "unknown: %s, which names it, was deleted" % LOCK_FILE
   except OSError:
     return "unknown"
+
+
+def _flock(fd, train_dir, path):
+  """Takes `fd`'s exclusive lock, or raises TrainDirError: in use."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise TrainDirError(_in_use(train_dir, path)) from None
+
+
+def _open_directory(train_dir):
+  """An fd of `train_dir` holding its exclusive flock (BlockingIOError if
+  another process holds it), or None where a directory cannot be flocked.
+
+  Linux's NFS client emulates flock with a byte-range lock, which needs a
+  file open for writing: a directory's fails there (EBADF), as on a file
+  system without locks (ENOLCK, EOPNOTSUPP).
+  """
+  fd = os.open(train_dir, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    raise
+  except OSError as e:
+    os.close(fd)
+    if e.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP,
+                   errno.EINVAL):
+      return None
+    raise
+  return fd
 
 
 def check_free(train_dir):
   """Raises TrainDirError if another process holds `train_dir`'s lock.
 
   A probe for the checks before TensorFlow's import (`preflight`): it takes
-  the lock and lets it go at once, and writes nothing (a refused run leaves
-  the directory as it was); `lock` takes it for the run.
+  the locks and lets them go at once, and writes nothing (a refused run
+  leaves the directory as it was); `lock` takes them for the run.
   """
   path = os.path.join(train_dir, LOCK_FILE)
   try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return  # No lock file, so no holder; `lock` names other problems.
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fd = _open_directory(train_dir)
   except BlockingIOError:
     raise TrainDirError(_in_use(train_dir, path)) from None
+  except OSError:
+    fd = None  # No directory yet, so no holder; `lock` names other problems.
+  if fd is not None:
+    os.close(fd)  # Releases it.
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return  # No lock file: no holder of an older version.
+  try:
+    _flock(fd, train_dir, path)
   finally:
     os.close(fd)  # Releases it.
 
@@ -123,6 +169,11 @@ def _in_use(train_dir, path):
 def lock(train_dir):
   """Holds `train_dir`'s lock for the `with` block.
 
+  The lock is a flock of the directory (no file's deletion releases it) and
+  of `train.lock`, in which the holder writes its pid and host. Where the
+  directory cannot be flocked (NFS, see `_open_directory`) `train.lock`'s is
+  the lock, with one warning: deleting that file lets a second trainer in.
+
   Args:
     train_dir: an existing, writable directory (see `check`).
 
@@ -133,19 +184,29 @@ def lock(train_dir):
     TrainDirError: if another process holds the lock.
   """
   path = os.path.join(train_dir, LOCK_FILE)
-  try:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  except OSError as e:
-    raise TrainDirError("%s cannot be opened: %s" % (
-        path, skip_log.file_problem(path) or e.strerror or e)) from None
-  try:
+  with contextlib.ExitStack() as stack:
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      dir_fd = _open_directory(train_dir)
     except BlockingIOError:
       raise TrainDirError(_in_use(train_dir, path)) from None
+    except OSError as e:
+      raise TrainDirError("--train_dir=%s cannot be opened: %s" % (
+          train_dir, e.strerror or e)) from None
+    if dir_fd is not None:
+      stack.callback(os.close, dir_fd)  # Releases the lock.
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise TrainDirError("%s cannot be opened: %s" % (
+          path, skip_log.file_problem(path) or e.strerror or e)) from None
+    stack.callback(os.close, fd)  # Releases the lock.
+    _flock(fd, train_dir, path)
+    if dir_fd is None:
+      logging.warning("--train_dir=%s cannot be locked as a directory on its "
+                      "file system (NFS?): %s alone keeps a second trainer "
+                      "out, so do not delete it while a run lasts",
+                      train_dir, path)
     os.ftruncate(fd, 0)
     os.write(fd, ("pid %d on host %s\n" % (os.getpid(),
                                            socket.gethostname())).encode())
     yield
-  finally:
-    os.close(fd)  # Releases the lock.
