@@ -103,6 +103,9 @@ class TowerUnitTrainTest(tf.test.TestCase):
                  if r["step"] == 3]
     self.assertEqual([False, True, True],
                      [t["nonfinite"] for t in record["towers"]])
+    # Named as in step mode (the healthy average has no NaN to name).
+    self.assertNotEmpty(record["towers"][1]["variables"])
+    self.assertNotIn("variables: -", self.log)
 
   def testMinHealthyTowersIsValidated(self):
     with self.assertRaisesRegex(params_lib.ParamsError,
