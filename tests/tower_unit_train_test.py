@@ -12,6 +12,7 @@ restart: a step with a NaN tower and a spike of the others (two reasons),
 a whole-step skip's variables.
 """
 
+import json
 import os
 import tempfile
 
@@ -158,6 +159,10 @@ class BothReasonsTest(tf.test.TestCase):
                      sorted(record["replay"]["input_ids"]))
     self.assertEqual((replay_lib.REPRODUCIBLE, True),
                      (record["verdict"], record["exclude"]))
+    # Counted under both (step 3's record: the data too).
+    with open(os.path.join(self.train_dir, "run_summary.json")) as f:
+      self.assertEqual({"reproducible": 2, "spike": 1},
+                       json.load(f)["forensics"]["all_verdicts"])
     log = self.runs[0].stderr
     self.assertIn("step 15: spike (finite; not replayed); tower 2: input "
                   "holds NaN/Inf", log)
