@@ -21,6 +21,7 @@ import mount_namespace
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import skip_states
 from tf1_safe_train.trainer import train_lib
 
 _NO_SPACE = os.strerror(errno.ENOSPC)
@@ -65,8 +66,8 @@ class SkipStateOnFullDiskTest(tf.test.TestCase):
   def testSkipWhoseStateCannotBeSavedIsRecordedAndTheRunGoesOn(self):
     train_dir = os.path.join(self.get_temp_dir(), "state")
 
-    def full_disk(hook, session, step, batches, scale):
-      del hook, session, batches, scale  # Unused.
+    def full_disk(train_dir_, worker, step, *unused):
+      del train_dir_, worker, unused
       raise OSError(errno.ENOSPC, _NO_SPACE, os.path.join(
           train_dir, forensics.SKIPS_DIR, "step-%d" % step, "batch.npz"))
 
@@ -75,8 +76,7 @@ class SkipStateOnFullDiskTest(tf.test.TestCase):
         max_steps=5, save_checkpoints_steps=1000, save_summaries_steps=1000,
         log_every_n_steps=1000, inject_nonfinite="nan@1:0,nan@3:1",
         max_consecutive_skips=0).validate()
-    with mock.patch.object(forensics.ForensicsHook, "_save_state",
-                           full_disk):
+    with mock.patch.object(skip_states, "save", full_disk):
       summary = train_lib.train(params)
     self.assertEqual(summary["exit_reason"], "max_steps")
     self.assertEqual(summary["global_step"], 5)

@@ -7,7 +7,9 @@ worker, time, reason, towers (index, device, nonfinite, loss, example_ids,
 batch_hash, variables), replay, verdict, seconds; a skip for another reason
 (its criterion's label, e.g. "spike"), or a dry-run criterion's would-be
 skip ("dry_run", on an applied step), has the criterion's values instead of
-a replay. It logs one line and writes a TensorBoard text and scalar.
+a replay (but for a tower --skip_unit=tower left out for a NaN/Inf in that
+step: replayed as any non-finite fault, the record has both reasons). It
+logs one line and writes a TensorBoard text and scalar.
 
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
 turn the run into a replay loop); a skip past the limit still gets its
@@ -23,7 +25,6 @@ re-runs the step and its skip appends a record of its own).
 """
 
 import collections
-import json
 import os
 import time
 
@@ -45,8 +46,8 @@ tf1 = tf.compat.v1
 SKIPS_DIR = skip_states.SKIPS_DIR
 load_batches = skip_states.load_batches  # (Its old home.)
 BATCH_FILE = skip_states.BATCH_FILE
-PARAMS_FILE = "params.json"
-CHECKPOINT_PREFIX = "state"
+PARAMS_FILE = skip_states.PARAMS_FILE
+CHECKPOINT_PREFIX = skip_states.CHECKPOINT_PREFIX
 NOT_EXPLAINED = "not explained: --max_explained_skips reached"
 # A finite skip (a spike, another criterion's) is no fault to find: its values
 # are in the record, and a replay (finite by construction) would only call it
@@ -148,8 +149,10 @@ class ForensicsHook(core_hooks.GatedHook):
     # A flagged tower whose input holds NaN/Inf first: that alone is
     # evidence of data, whatever the weights (the record replays one).
     offending.sort(key=lambda t: bool(np.isfinite(batches[t][0]).all()))
-    if reason != reasons_lib.NONFINITE:
-      # (The non-finite criterion comes first: a NaN step is labelled so.)
+    if reason != reasons_lib.NONFINITE and not offending:
+      # (The non-finite criterion comes first: a NaN step is labelled so;
+      # a tower left out for a NaN is no reason of the decision, so a
+      # spike of the rest labels its step: both reasons, `_both_reasons`.)
       record.update(verdict=FINITE % reason,
                     **self._reasons.record(reason, results["criteria"]))
       text = "step %d: %s" % (step, record["verdict"])
@@ -177,9 +180,12 @@ class ForensicsHook(core_hooks.GatedHook):
                                     for i in replayed["input_ids"]]
       record["replay_seconds"] = record.pop("seconds")
       try:
-        record["state_dir"] = os.path.relpath(
-            self._save_state(session, step, batches, scale),
-            self._params.train_dir)
+        # A directory per event; the oldest beyond max_explained are
+        # pruned, so skips/ stays bounded across runs.
+        record["state_dir"] = os.path.relpath(skip_states.save(
+            self._params.train_dir, self._worker, step, batches,
+            self._params.to_dict(), scale, self._forensics.saver, session,
+            self._max_explained), self._params.train_dir)
       except (OSError, tf.errors.OpError) as e:
         if disk_full.path_of(e) is None:
           raise
@@ -196,6 +202,8 @@ class ForensicsHook(core_hooks.GatedHook):
         if self._quarantine:
           self._quarantine.on_suspect(run_context, offending[0])
       text = replay_lib.line(step, explained)
+    if reason != reasons_lib.NONFINITE and offending:
+      text = self._both_reasons(record, reason, results["criteria"], text)
     record["seconds"] = round(time.time() - started, 4)
     # Before the checkpoint saver's after_run: see the module doc.
     skip_log.append(skip_log.path(self._params.train_dir, self._worker),
@@ -207,6 +215,19 @@ class ForensicsHook(core_hooks.GatedHook):
       self.model_fault = step
     self._summarize(step, text, "replay" in record and not record["replay"][
         "finite"], record["seconds"])
+
+  def _both_reasons(self, record, reason, criteria, text):
+    """A finite criterion's skip (a spike) of a step whose towers
+    --skip_unit=tower left out for a NaN/Inf: the record, explained as a
+    non-finite fault (its verdict, replay, exclusion), gets the
+    criterion's values and `reasons` (both); returns the line of both."""
+    record.update(reasons=[reasons_lib.NONFINITE, reason],
+                  **self._reasons.record(reason, criteria))
+    self.verdicts[reason] += 1
+    rest = text[len("step %d" % record["step"]):]
+    return "step %d: %s; %s" % (record["step"], FINITE % reason,
+                                rest[2:] if rest.startswith(": ")
+                                else rest.lstrip())
 
   def _batches(self, session):
     return [self._forensics.store.read(session, t)
@@ -246,24 +267,6 @@ class ForensicsHook(core_hooks.GatedHook):
              "variables": variables if flags[t] else []}
             for t, (images, labels, ids) in enumerate(batches)
             if self._forensics.towers[t] is not None]  # Not quarantined.
-
-  def _save_state(self, session, step, batches, scale):
-    """Saves the state the step saw (exact: a skip moves nothing)."""
-    # A directory per event (`skip_states`); the oldest beyond
-    # max_explained are pruned, so skips/ stays bounded across runs.
-    directory = skip_states.new_dir(self._params.train_dir, step,
-                                    self._worker)
-    skip_states.save_batches(directory, batches)
-    with open(os.path.join(directory, PARAMS_FILE), "w") as f:
-      json.dump({"params": self._params.to_dict(), "step": step,
-                 "worker": self._worker, "loss_scale": scale}, f, indent=2,
-                sort_keys=True)
-    self._forensics.saver.save(
-        session, os.path.join(directory, CHECKPOINT_PREFIX),
-        write_meta_graph=False, write_state=False)
-    skip_states.prune(self._params.train_dir, self._max_explained,
-                      self._worker)
-    return directory
 
   def _summarize(self, step, text, reproduced, seconds):
     if not self._summary_dir:

@@ -9,6 +9,7 @@ import collections
 import time
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
@@ -148,7 +149,8 @@ class SkipReportHook(core_hooks.GatedHook):
       loss_scale_floor: the loss scale's floor.
       reasons: optional `reasons.Report` of the decision: a skip for
         another reason than non-finite (a spike) is reported with its
-        values and thresholds, a dry run's would-be skip too.
+        values and thresholds (and the towers --skip_unit=tower left out
+        for a NaN/Inf, if any), a dry run's would-be skip too.
     """
     self._fetches = {"step": step_index, "applied": applied,
                      "towers": tower_flags, "average": average_flags}
@@ -174,13 +176,17 @@ class SkipReportHook(core_hooks.GatedHook):
       return
     reason = (self._reasons.label(results["criteria"]) if self._reasons
               else reasons_lib.NONFINITE)
-    if reason != reasons_lib.NONFINITE:
-      logging.warning("%s", self._reasons.describe(step, reason,
-                                                   results["criteria"]))
-      return
     report = core_hooks.describe_skip(step, results["towers"],
                            results["average"], self._variable_names,
                            self._tower_devices)
+    if reason != reasons_lib.NONFINITE:
+      line = self._reasons.describe(step, reason, results["criteria"])
+      if np.any(results["towers"]):
+        # --skip_unit=tower: a tower left out for a NaN/Inf in the step a
+        # finite criterion skipped; both reasons.
+        line += "; and " + report.split(": ", 1)[1]
+      logging.warning("%s", line)
+      return
     if "loss_scale" in results:
       scale = float(results["loss_scale"])
       if scale > self._floor:

@@ -8,9 +8,11 @@ again (re-run after a restart, or recurring with
 state, and a name is never reused, even after pruning. Directories written
 before K existed (`skips/step-N/`) count as K = 0. `prune` keeps a worker's
 newest states (highest K) and deletes the older ones; their records stay in
-`skips.jsonl`. A state's batches are `batch.npz` (`save_batches`).
+`skips.jsonl`. A state's batches are `batch.npz` (`save_batches`); `save`
+writes a whole state (checkpoint, batches, params.json).
 """
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +23,8 @@ from tf1_safe_train.core import skip_log
 
 SKIPS_DIR = "skips"
 BATCH_FILE = "batch.npz"
+PARAMS_FILE = "params.json"
+CHECKPOINT_PREFIX = "state"
 _NAME = re.compile(r"^(?:worker(\d+)-)?step-(\d+)(?:-(\d+))?$")
 
 
@@ -103,3 +107,28 @@ def load_batches(directory):
     return [tuple(arrays["%s_%d" % (k, t)] for k in ("images", "labels",
                                                       "ids"))
             for t in range(towers)]
+
+
+def save(train_dir, worker, step, batches, params, scale, saver, session,
+         keep):
+  """Saves the state an explained skip saw (exact: a skip moves nothing) in
+  a `new_dir`, then `prune`s to the newest `keep`; returns the directory.
+
+  Args:
+    train_dir, worker, step: whose state (`new_dir`).
+    batches: every tower's (images, labels, ids).
+    params: the run's params as a dict (`params.TrainParams.to_dict`).
+    scale: the loss scale the step used, or None.
+    saver, session: a `tf1.train.Saver` of the model's state and the
+      session to save it from.
+    keep: the worker's states kept (--max_explained_skips).
+  """
+  directory = new_dir(train_dir, step, worker)
+  save_batches(directory, batches)
+  with open(os.path.join(directory, PARAMS_FILE), "w") as f:
+    json.dump({"params": params, "step": step, "worker": worker,
+               "loss_scale": scale}, f, indent=2, sort_keys=True)
+  saver.save(session, os.path.join(directory, CHECKPOINT_PREFIX),
+             write_meta_graph=False, write_state=False)
+  prune(train_dir, keep, worker)
+  return directory

@@ -10,6 +10,7 @@ import math
 
 import tensorflow as tf
 
+from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import one_machine_only
 
@@ -107,6 +108,26 @@ class TowerUnit(object):
   def on_apply(self):
     """Op for the apply branch: each left-out tower's `rejected` += 1."""
     return tf1.assign_add(self.rejected, tf.cast(self.left_out, tf.int64))
+
+  def nonfinite_variables(self, names):
+    """bool [len(names)]: True where a left-out tower's gradient of that
+    variable (by op name) is non-finite, for the skip report (the healthy
+    average the decision checks has none: a whole-step skip would name no
+    variable). Computed in a cond on `degraded`: a good step runs no check,
+    only the cond's `Switch` per tower gradient."""
+    by_variable = []
+    for pairs in zip(*self.tower_grads_and_vars):
+      grads = [g for g, _ in pairs if g is not None]
+      if grads:
+        by_variable.append((pairs[0][1].op.name, grads))
+    with tf1.name_scope("tower_unit_report"):
+      flags = tf.cond(self.degraded, lambda: tf.stack([
+          tf.reduce_any(tf.stack([nonfinite.is_nonfinite(g) for g in grads]))
+          for _, grads in by_variable] + [tf.constant(False)]),
+                      lambda: tf.zeros([len(by_variable) + 1], tf.bool))
+      # A name without a tower gradient (e.g. a statistic) reads the False.
+      where = dict((n, i) for i, (n, _) in enumerate(by_variable))
+      return tf.gather(flags, [where.get(n, len(by_variable)) for n in names])
 
   def average_gradients(self):
     """The healthy towers' average, variable by variable (like

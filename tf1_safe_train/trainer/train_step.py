@@ -86,7 +86,7 @@ Attributes:
     gradient of that tower was non-finite).
   average_flags: bool [len(variable_names)], the decision's per-variable
     flags of the averaged gradients (which name the variables: a NaN/Inf of
-    any tower survives averaging).
+    any tower survives averaging; --skip_unit=tower: or of a left-out one).
   variable_names, tower_devices: Python lists.
 """
 
@@ -207,6 +207,9 @@ def _decide(strategy, state, built, guarded, loss, criteria):
                                  tf.reduce_any(result.update_flags))
     average_flags = tf.concat([average_flags, result.update_flags], axis=0)
     names = names + result.update_variable_names
+  if built.unit:  # Left-out towers' variables (their average has none).
+    average_flags = tf.logical_or(average_flags,
+                                  built.unit.nonfinite_variables(names))
   if len(built.outputs) == 1:
     tower_nonfinite = tf.reshape(tf.reduce_any(average_flags), [1])
   return step_op, result, tower_nonfinite, average_flags, names

@@ -38,6 +38,10 @@ def totals(train_dir):
       verdicts[record["reason"] + "_would_skip"] += 1
     elif record.get("verdict") == FINITE % record.get("reason"):
       verdicts[record["reason"]] += 1
+    # A finite criterion's skip whose step also left out a non-finite
+    # tower (--skip_unit=tower): its verdict above, the criterion here.
+    for reason in record.get("reasons", [])[1:]:
+      verdicts[reason] += 1
     if record.get("suspect_device"):
       devices[record["suspect_device"]] += 1
   return {"all_records": len(records), "all_verdicts": dict(verdicts),
