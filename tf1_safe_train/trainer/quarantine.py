@@ -107,13 +107,14 @@ class Quarantine(object):
   """
 
   def __init__(self, params, devices, min_active, clear):
-    """Reads the counts (unless `clear`) and logs the startup line.
+    """Reads the record and the counts (unless `clear`), decides as the
+    run did (the module doc), records that and logs the startup line.
 
     Args:
       params: the run's `params.TrainParams` (quarantine_after > 0).
       devices: every tower's device string.
       min_active: never quarantine below this many towers.
-      clear: --clear_quarantine: start from zero counts.
+      clear: --clear_quarantine: start from zero counts, nothing recorded.
     """
     self._after = params.quarantine_after
     self._devices = list(devices)
