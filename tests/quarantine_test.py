@@ -304,6 +304,20 @@ class AcrossRestartsTest(tf.test.TestCase):
         "--num_towers=3", "--max_steps=30", "--inject_nonfinite=nan@2:2",
         code=_AT_REBUILD))
 
+  # The record is read back like skips.jsonl: not a file, or not a record,
+  # is refused in one line (a TrainDirError: exit 2), before the graph.
+  def testABadRecordIsRefused(self):
+    for make, problem in (
+        (os.mkdir, "is a directory"),
+        (lambda p: open(p, "w").write('{"towers": [1.5]}'),
+         "is not a quarantine record")):
+      train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+      open(os.path.join(train_dir, "run_summary.json"), "w").close()  # Ours.
+      make(os.path.join(train_dir, quarantine.RECORD))
+      with self.assertRaisesRegex(train_lib.TrainDirError, problem):
+        train_lib.train(_params(train_dir, clear_quarantine=(
+            problem == "is a directory")))
+
   def _assert_stopped(self, train_dir, result):
     """A clean stop within a step of the decision (at step 2)."""
     self.assertEqual(result.returncode, 0, result.stderr)
