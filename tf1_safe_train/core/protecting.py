@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import run_advice
 
 tf1 = tf.compat.v1
 
@@ -59,9 +60,12 @@ class Protecting(object):
         [rollback.as_op(o) for o in tf.nest.flatten(op)], result.applied,
         {v.op.name for v in self._step_variables}, self._step_roots, name)
     self._note_own_variables(known)
+    run_advice.note_protected(protected)
     if isinstance(op, tf.Tensor):
       with tf1.control_dependencies([protected]):
-        return tf.identity(op, name=name + "_value")
+        value = tf.identity(op, name=name + "_value")
+      run_advice.note_protected(value.op)
+      return value
     return protected
 
   def _note_own_variables(self, known):
