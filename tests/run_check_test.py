@@ -300,24 +300,6 @@ class OtherFetchesTest(tf.test.TestCase):
         sess.run(tf1.global_variables_initializer())
         sess.run([train_op, ema_op], {x: test_util.GOOD_X})  # Not refused.
 
-  def testTheTrainOpsOwnWritesAdviceDoesNotLoop(self):
-    # The learning-rate assign grouped into the train op: told; the advised
-    # line, followed literally, makes the run clean (strict runs it).
-    with tf.Graph().as_default():
-      x, opt, train_op, _, _, lr = _step_and_lr(strict=True)
-      train_op = tf.group(train_op, tf1.assign(lr, 0.05), name="train_op")
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        with self.assertRaisesRegex(ValueError,
-                                    "outside the skip decision") as refused:
-          sess.run(train_op, {x: test_util.GOOD_X})
-        line = _advised_line(str(refused.exception))
-        self.assertEqual("train_op = opt.protect(train_op)", line)
-        names = {"opt": opt, "train_op": train_op}
-        exec(line, {}, names)  # pylint: disable=exec-used
-        sess.run(tf1.global_variables_initializer())
-        sess.run(names["train_op"], {x: test_util.GOOD_X})
-
 
 class CheckCostTest(tf.test.TestCase):
   """Issue 32, item 10: the check's cost when fetches change every run."""
