@@ -299,7 +299,7 @@ class RunsBetweenStepsTest(tf.test.TestCase):
     self.assertLen(told, 1, logs.output)
     self.assertNotIn("\n", told[0])
     self.assertIn("discriminator/bn0/moving_mean", told[0])
-    self.assertIn("`sess.run([train_op, d_loss_real], feed_dict)`", told[0])
+    self.assertIn("`sess.run([d_optim, d_loss_real], feed_dict)`", told[0])
 
 
 if __name__ == "__main__":

@@ -120,16 +120,24 @@ def other_fetch(op, names, holder=None):
                 _protect_line(op, holder or user_words.Holder())))
 
 
-def between_steps(ops, names):
-  """The line for a run of no step that writes restored statistics."""
+def between_steps(ops, names, steps=()):
+  """The line for a run of no step that writes restored statistics (those
+  of `steps`, `write_check.Step`s, if given: the step to fetch it with)."""
   name = user_words.fetch_name(ops[0])
+  step = "train_op"
+  for s in steps:
+    if set(names) & set(s.handled_names):
+      step = user_words.fetch_name(
+          getattr(s.train_op, "op", s.train_op)) or step
+      break
   return (
       "a run of %s executes no guarded step but writes %d statistic(s) a "
       "skip restores: %s. The next skipped step undoes what it wrote, and "
       "a NaN it writes (a bad batch) makes the next step skip too. Fetch "
-      "it with the step, `sess.run([train_op, %s], feed_dict)`, or build "
+      "it with the step, `sess.run([%s, %s], feed_dict)`, or build "
       "it with batch norm not training" % (
-          _what_runs(ops), len(names), ", ".join(names), name or _words(ops[0])))
+          _what_runs(ops), len(names), ", ".join(names), step,
+          name or _words(ops[0])))
 
 
 def global_step_twice(name, others):
@@ -152,8 +160,9 @@ def note_protected(op):
   getattr(graph, _PROTECTED_ATTRIBUTE).add(op)
 
 
-def lines(ops, found):
-  """(key, line) of each finding of `found` (`write_check.Findings`)."""
+def lines(ops, found, steps=()):
+  """(key, line) of each finding of `found` (`write_check.Findings`);
+  `steps`: the graph's watched steps, for a run that executes none."""
   told = []
   holder = user_words.holder(found.steps)
   if len(found.steps) > 1:
@@ -172,23 +181,25 @@ def lines(ops, found):
                  global_step_twice(name, others)))
   if found.between:
     told.append((("between",),  # Once per graph: one line.
-                 between_steps(ops, found.between)))
+                 between_steps(ops, found.between, steps)))
   return told
 
 
-def tell(ops, found, strict):
+def tell(ops, found, strict, steps=()):
   """Logs each finding once per graph; strict: raises on the first one.
 
   Args:
     ops: the Operations the run fetches.
     found: its `write_check.Findings`.
     strict: raise instead of warning.
+    steps: the graph's watched `write_check.Step`s (named in the line for
+      a run that executes none).
 
   Raises:
     ValueError: if `strict` and there is a finding (every time: the run
       does not happen).
   """
-  told = lines(ops, found) if ops else []
+  told = lines(ops, found, steps) if ops else []
   if not told:
     return
   graph = ops[0].graph

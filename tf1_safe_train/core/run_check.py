@@ -178,7 +178,8 @@ class GraphCheck(object):
         self._remember(key)
         return
       # Raises if strict (not remembered: the next run is refused too).
-      run_advice.tell(ops, found, any(s.strict for s in found.steps))
+      run_advice.tell(ops, found, any(s.strict for s in found.steps),
+                      self.steps)
       self._walked.add(walk_key)
       self._remember(key)
 

@@ -53,10 +53,17 @@ def _script_name(matches):
   return None
 
 
+def _attribute(obj, name):
+  try:
+    return getattr(obj, name, None)
+  except Exception:  # pylint: disable=broad-except
+    return None  # A property that cannot be read here.
+
+
 def _path_to(obj, target, depth=0):
   """Attribute names from `obj` to `target` through wrapped optimizers."""
   for attribute in _WRAPPED_ATTRIBUTES:
-    inner = getattr(obj, attribute, None)
+    inner = _attribute(obj, attribute)
     if inner is target:
       return [attribute]
     if inner is not None and depth < _MAX_DEPTH:
@@ -88,7 +95,7 @@ def note_holder(step):
     owner = frame.f_locals.get("self")
     if owner is None:
       continue
-    if ours is None and getattr(owner, "_run_step", None) is step:
+    if ours is None and _attribute(owner, "_run_step") is step:
       ours = owner
     elif ours is not None and owner is not ours:
       path = _path_to(owner, ours)
