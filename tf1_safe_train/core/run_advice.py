@@ -115,7 +115,7 @@ def other_fetch(op, names, holder=None):
       "%s, fetched with the train op, writes %d variable(s) from what the "
       "guarded step writes, which change on skipped steps too: %s. Add one "
       "line after building it: %s, which undoes those writes on a skipped "
-      "step" % ("`%s` ('%s')" % (name, op.name) if name else "'%s'" % op.name,
+      "step (it then runs the step too: fetch it with the train op only)" % ("`%s` ('%s')" % (name, op.name) if name else "'%s'" % op.name,
                 len(names), ", ".join(names),
                 _protect_line(op, holder or user_words.Holder())))
 

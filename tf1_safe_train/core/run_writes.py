@@ -38,8 +38,11 @@ _SETTING_TYPES = frozenset([
     "PlaceholderWithDefault", "Const"])
 
 # One write a run executes: the write op, the op of the variable written,
-# the op the written value comes from (None for a write without a value).
-Write = collections.namedtuple("Write", ["op", "target", "source"])
+# the op the written value comes from (None for a write without a value),
+# and the op of the run's graph that executes it (the write op, or the v2
+# cond whose branch holds it).
+Write = collections.namedtuple("Write", ["op", "target", "source", "at"])
+Write.__new__.__defaults__ = (None,)
 
 
 def origin(tensor, bindings):
@@ -53,7 +56,8 @@ def write(op, bindings=None):
   variable assigned from its shadow, from any other write)."""
   bindings = {} if bindings is None else bindings
   return Write(op, origin(op.inputs[0], bindings),
-               origin(op.inputs[1], bindings) if len(op.inputs) > 1 else None)
+               origin(op.inputs[1], bindings) if len(op.inputs) > 1 else None,
+               op)
 
 
 def _v2_cond_writes(cond):
@@ -61,7 +65,7 @@ def _v2_cond_writes(cond):
   if cond_walk.branch_graphs(cond) is None:
     return []
   bindings = {}
-  return [write(op, bindings)
+  return [write(op, bindings)._replace(at=cond)
           for op in cond_walk.branch_ops(cond, bindings)
           if WRITE_TYPE.match(op.type) and op.inputs]
 
@@ -105,8 +109,8 @@ def restored(graph, writes):
   shadows, and the variables a run of `writes` assigns from their shadow
   (a `protect()`ed rollback)."""
   shadows = shadows_lib.shadowed(graph)
-  return set(shadows) | set(target for _, target, source in writes
-                            if target in shadows.get(source, ()))
+  return set(shadows) | set(w.target for w in writes
+                            if w.target in shadows.get(w.source, ()))
 
 
 def written_by_steps(steps):
@@ -122,11 +126,16 @@ def written_by_steps(steps):
   return found
 
 
-def reads(op, variables, fed=frozenset()):
-  """True if the value `op` writes is computed from one of `variables`
-  (ops). Its first input, the variable written, is not followed."""
-  return bool(fetch_gate.ancestors([t.op for t in op.inputs[1:]] +
-                                   list(op.control_inputs), fed) & variables)
+def reads(write_, variables, fed=frozenset()):
+  """True if the value `write_` (a `Write`) writes is computed from one of
+  `variables` (ops). The variable written is not followed; for a write in
+  a v2 cond, everything the cond reads is."""
+  if write_.at is not write_.op:
+    starts = [t.op for t in write_.at.inputs]
+  else:
+    starts = [t.op for t in write_.op.inputs[1:]]
+  starts += list(write_.at.control_inputs)
+  return bool(fetch_gate.ancestors(starts, fed) & variables)
 
 
 def restored_between_steps(graph, writes):

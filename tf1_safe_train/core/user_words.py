@@ -30,9 +30,10 @@ _LIBRARIES = tuple(
 
 
 def _is_script(frame):
+  """True for a frame of the script (a file, a notebook cell, `-c`)."""
   path = os.path.abspath(frame.f_code.co_filename)
   return not (path.startswith(_OURS + os.sep) or path.startswith(_LIBRARIES)
-              or "site-packages" in path or path.startswith("<"))
+              or "site-packages" in path or "<frozen " in path)
 
 
 def _frames():

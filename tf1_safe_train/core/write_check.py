@@ -58,15 +58,15 @@ def _names(graph, writes, handled, left):
                graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
                graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
   found = set()
-  for op, target, _ in writes:
-    if target in left:
+  for w in writes:
+    if w.target in left:
       continue
-    if target in variables:
-      name = variables[target].op.name
+    if w.target in variables:
+      name = variables[w.target].op.name
       if name not in handled:
         found.add(name)
-    elif target.name not in handled:
-      found.add("%s (writes %s)" % (op.name, target.name))
+    elif w.target.name not in handled:
+      found.add("%s (writes %s)" % (w.op.name, w.target.name))
   return sorted(found)
 
 
@@ -195,10 +195,10 @@ def _other_fetches(graph, ops, walks, own, writes, handled, steps, fed):
   handled = handled | set(v.op.name for v in graph.get_collection(
       tf1.GraphKeys.LOCAL_VARIABLES))
   theirs = [w for w in writes
-            if w.op not in own and run_writes.reads(w.op, products, fed)]
+            if w.at not in own and run_writes.reads(w, products, fed)]
   found = []
   for op in sorted(set(ops) - set(own), key=lambda o: o.name):
-    names = _names(graph, [w for w in theirs if w.op in walks[op]], handled,
+    names = _names(graph, [w for w in theirs if w.at in walks[op]], handled,
                    run_writes.restored(graph, writes))
     if names:
       found.append((op, names))
@@ -240,7 +240,7 @@ def findings(ops, steps, fed=frozenset(), always=False, callers=None):
   own = fetch_gate.ancestors(running, fed) if ran else walked
   left = run_writes.restored(graph, writes)
   return Findings(
-      ran, _names(graph, [w for w in writes if w.op in own], handled, left),
+      ran, _names(graph, [w for w in writes if w.at in own], handled, left),
       _global_steps_twice(walked, ran),
       _runners(ops, callers, walks, set(s.applied.op for s in ran)) or ops,
       others=_other_fetches(graph, ops, walks, own, writes, handled, ran,
