@@ -280,25 +280,32 @@ class OtherFetchesTest(tf.test.TestCase):
   def testAnotherFetchReadingTheStepIsToldAndTheAdviceDoesNotLoop(self):
     # An EMA fetched beside the train op reads the weights the step writes:
     # it moves on a skipped step. The advice names it; followed literally,
-    # the run is not refused again.
-    with tf.Graph().as_default():
-      x, opt, train_op, _, var_list, _ = _step_and_lr(strict=True)
-      ema_op = tf1.train.ExponentialMovingAverage(0.9).apply(var_list)
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        with self.assertRaisesRegex(
-            ValueError, r"`ema_op` \('ExponentialMovingAverage'\), fetched "
-            r"with the train "
-            r"op, writes 2 variable\(s\).*model/b/ExponentialMovingAverage"
-            ) as refused:
-          sess.run([train_op, ema_op], {x: test_util.GOOD_X})
-        line = _advised_line(str(refused.exception))
-        self.assertEqual("ema_op = opt.protect(ema_op)", line)
-        names = {"opt": opt, "ema_op": ema_op}
-        exec(line, {}, names)  # pylint: disable=exec-used
-        ema_op = names["ema_op"]
-        sess.run(tf1.global_variables_initializer())
-        sess.run([train_op, ema_op], {x: test_util.GOOD_X})  # Not refused.
+    # the run is not refused again, and a skip leaves the EMA as it was.
+    for v2, resource in ((True, True), (False, True), (False, False)):
+      with self.subTest(control_flow_v2=v2, resource_variables=resource), \
+          tf.Graph().as_default(), test_util.tf_config(v2, resource):
+        x, opt, train_op, _, var_list, _ = _step_and_lr(strict=True)
+        ema = tf1.train.ExponentialMovingAverage(0.9)
+        ema_op = ema.apply(var_list)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          with self.assertRaisesRegex(
+              ValueError, r"`ema_op` \('ExponentialMovingAverage'\), "
+              r"fetched with the train op, writes 2 variable\(s\).*"
+              r"model/b/ExponentialMovingAverage") as refused:
+            sess.run([train_op, ema_op], {x: test_util.GOOD_X})
+          line = _advised_line(str(refused.exception))
+          self.assertEqual("ema_op = opt.protect(ema_op)", line)
+          names = {"opt": opt, "ema_op": ema_op}
+          exec(line, {}, names)  # pylint: disable=exec-used
+          ema_op = names["ema_op"]
+          sess.run(tf1.global_variables_initializer())
+          sess.run([train_op, ema_op], {x: test_util.GOOD_X})  # Not refused.
+          averages = [ema.average(v) for v in var_list]
+          before = sess.run(averages)
+          sess.run([train_op, ema_op], {x: test_util.NAN_X})  # Skipped.
+          for was, kept in zip(before, sess.run(averages)):
+            self.assertAllEqual(was, kept)
 
 
 class CheckCostTest(tf.test.TestCase):

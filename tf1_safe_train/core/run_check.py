@@ -8,8 +8,11 @@ run paths: `BaseSession.run` (plain loops, `MonitoredTrainingSession`,
 first time a graph's session runs a distinct set of fetches and feeds that
 executes a watched step, `write_check.findings` is told (`run_advice`):
 writes outside the decision, several guarded steps in one run, a
-global_step advanced twice. Every later run of those fetches pays a dict
-lookup; graphs without a watched step pay one attribute lookup.
+global_step advanced twice; a run of no step that writes statistics a skip
+restores is told too. Every later run of those fetches pays a dict
+lookup (a new structure over the same ops, a set lookup; past
+`_MAX_CACHED` sets, new ones are not walked); graphs without a watched step
+pay one attribute lookup.
 """
 
 import functools
@@ -27,8 +30,9 @@ from tf1_safe_train.core import write_check
 
 # Graph attribute: the graph's `GraphCheck`.
 _ATTRIBUTE = "_tf1_safe_train_run_check"
-# Distinct fetch sets remembered per graph (a loop runs a few; the bound
-# only keeps a caller that builds new ops for every run from growing it).
+# Distinct fetch sets (ops and fed names) walked per graph: a loop runs a
+# few; past the bound new ones are not checked (a caller that builds new
+# ops for every run would otherwise pay a walk of the graph at every run).
 _MAX_CACHED = 256
 
 _install_lock = threading.Lock()

@@ -6,9 +6,11 @@ in its apply branch, the rolled-back statistics and `protect()`ed ops. An
 an update op grouped after `apply_gradients`, still writes on a skipped step.
 `unguarded_writes` names those variables by walking everything a run of the
 train op executes; `findings` also finds a run of several guarded steps
-(one step counted and decided several times) and a `global_step` that the
-step and the script both advance; `tell` warns once per graph (or, strict,
-refuses the run).
+(one step counted and decided several times), a `global_step` that the
+step and the script both advance, another fetch of the run whose writes
+read what the step writes, and a run of no step that writes statistics a
+skip restores (`run_writes` says whose each write is); `run_advice.tell`
+warns once per graph (or, strict, refuses the run).
 """
 
 import collections
@@ -188,18 +190,21 @@ def _runners(ops, callers, walks, decided):
   return runners
 
 
-def _other_fetches(graph, ops, walks, own, writes, handled, steps, fed):
+def _other_fetches(graph, ops, walks, own, writes, handled, left, steps,
+                   fed):
   """`Findings.others`: other fetches' writes that read what `steps`
   write (local variables are theirs: a script's own bookkeeping)."""
+  theirs = [w for w in writes if w.at not in own]
+  if not theirs:
+    return []  # The usual run: no walk of the steps.
   products = run_writes.written_by_steps(steps)
   handled = handled | set(v.op.name for v in graph.get_collection(
       tf1.GraphKeys.LOCAL_VARIABLES))
-  theirs = [w for w in writes
-            if w.at not in own and run_writes.reads(w, products, fed)]
+  theirs = [w for w in theirs if run_writes.reads(w, products, fed)]
   found = []
   for op in sorted(set(ops) - set(own), key=lambda o: o.name):
     names = _names(graph, [w for w in theirs if w.at in walks[op]], handled,
-                   run_writes.restored(graph, writes))
+                   left)
     if names:
       found.append((op, names))
   return found
@@ -236,15 +241,17 @@ def findings(ops, steps, fed=frozenset(), always=False, callers=None):
     handled.update(step.handled_names)
   walks = ({op: fetch_gate.ancestors([op], fed) for op in set(ops)}
            if len(set(ops)) > 1 else {ops[0]: walked})
-  running = [op for op in walks if set(s.applied.op for s in ran) & walks[op]]
-  own = fetch_gate.ancestors(running, fed) if ran else walked
+  decided = set(s.applied.op for s in ran)
+  # What the fetches that run a step execute: their writes are the step's.
+  own = (set().union(*[walk for walk in walks.values() if decided & walk])
+         if ran else walked)
   left = run_writes.restored(graph, writes)
   return Findings(
       ran, _names(graph, [w for w in writes if w.at in own], handled, left),
       _global_steps_twice(walked, ran),
-      _runners(ops, callers, walks, set(s.applied.op for s in ran)) or ops,
-      others=_other_fetches(graph, ops, walks, own, writes, handled, ran,
-                            fed) if ran else [])
+      _runners(ops, callers, walks, decided) or ops,
+      others=_other_fetches(graph, ops, walks, own, writes, handled, left,
+                            ran, fed) if ran else [])
 
 
 def check(ops, step):
