@@ -38,10 +38,11 @@ def _chosen(op):
 def _what_runs(ops):
   """The fetched ops a message names, e.g. "'train_op'" (or what the
   script calls them, "`train_op`", for a name TensorFlow chose)."""
-  names = sorted(set(
-      "'%s'" % op.name if _chosen(op) else
-      ("`%s`" % user_words.fetch_name(op) if user_words.fetch_name(op)
-       else "'%s'" % op.name) for op in ops))
+  names = set()
+  for op in ops:
+    name = None if _chosen(op) else user_words.fetch_name(op)
+    names.add("`%s`" % name if name else "'%s'" % op.name)
+  names = sorted(names)
   shown = ", ".join(names[:3])
   if len(names) > 3:
     shown += ", ..."
@@ -115,15 +116,15 @@ def other_fetch(op, names, holder=None):
       "%s, fetched with the train op, writes %d variable(s) from what the "
       "guarded step writes, which change on skipped steps too: %s. Add one "
       "line after building it: %s, which undoes those writes on a skipped "
-      "step (it then runs the step too: fetch it with the train op only)" % ("`%s` ('%s')" % (name, op.name) if name else "'%s'" % op.name,
-                len(names), ", ".join(names),
-                _protect_line(op, holder or user_words.Holder())))
+      "step (it then runs the step too: fetch it with the train op "
+      "only)" % ("`%s` ('%s')" % (name, op.name) if name else
+                 "'%s'" % op.name, len(names), ", ".join(names),
+                 _protect_line(op, holder or user_words.Holder())))
 
 
 def between_steps(ops, names, steps=()):
   """The line for a run of no step that writes restored statistics (those
   of `steps`, `write_check.Step`s, if given: the step to fetch it with)."""
-  name = user_words.fetch_name(ops[0])
   step = "train_op"
   for s in steps:
     if set(names) & set(s.handled_names):
@@ -137,7 +138,7 @@ def between_steps(ops, names, steps=()):
       "it with the step, `sess.run([%s, %s], feed_dict)`, or build "
       "it with batch norm not training" % (
           _what_runs(ops), len(names), ", ".join(names), step,
-          name or _words(ops[0])))
+          _words(ops[0])))
 
 
 def global_step_twice(name, others):
