@@ -253,6 +253,19 @@ class ReadmeTest(tf.test.TestCase):
     workspace = _read("examples/bazel_consumer/WORKSPACE", _source_root())
     self.assertRegex(workspace, r'(?m)^TF1_SAFE_TRAIN = "\.\./\.\."$')
 
+  def testEveryBinaryRunsFromAnotherWorkspace(self):
+    # Without --incompatible_default_to_explicit_init_py (another
+    # workspace's default), a py_binary's runfiles get an empty __init__.py
+    # in the directory of the repository, named tf1_safe_train, which
+    # `import tf1_safe_train` then finds (examples/bazel_consumer/BUILD).
+    for build in ("tf1_safe_train/BUILD", "examples/bazel_consumer/BUILD"):
+      blocks = re.findall(r"(?ms)^py_binary\((.*?)^\)",
+                          _read(build, _source_root()))
+      self.assertNotEmpty(blocks, build)
+      for block in blocks:
+        with self.subTest(build=build, binary=block.split("\n")[1].strip()):
+          self.assertIn("legacy_create_init = False,", block)
+
   def testLayoutPageNamesEveryModule(self):
     # docs/layout.md's tree is the map a reader starts from: a module added
     # to the library, the trainer or the cluster package must appear there.
