@@ -14,23 +14,29 @@ import sys
 
 
 def _run(binary):
+  # As `python -m`: the module is `__main__` (absl reads its docstring and
+  # files its flags under sys.argv[0], which runpy sets to the module's file).
   runpy.run_module("tf1_safe_train." + binary, run_name="__main__",
                    alter_sys=True)
 
 
 def train():
+  """`tf1-safe-train`: runs `//:train`."""
   _run("train")
 
 
 def evaluate():
+  """`tf1-safe-train-eval`: runs `//:eval`."""
   _run("eval")
 
 
 def replay():
+  """`tf1-safe-train-replay`: runs `//:replay`."""
   _run("replay")
 
 
 def local_cluster():
+  """`tf1-safe-train-local-cluster`: runs `//:local_cluster`."""
   _run("local_cluster")
 
 
