@@ -289,14 +289,13 @@ class LossScaleOptimizerTest(tf.test.TestCase):
         self.assertTrue(np.isfinite(after[var.op.name]).all())
       _assert_bit_identical(self, before, after)
 
-  def testWrappingDynamicLossScaleOptimizerFreezesItsScale(self):
-    """Documents a limitation of wrapping a dynamic loss-scale optimizer.
+  def testWrappingDynamicLossScaleOptimizerHalvesItsScaleOnASkip(self):
+    """The wrapper outside a dynamic loss-scale optimizer (the advised order).
 
-    Its scale update lives inside its apply_gradients, which the wrapper only
-    runs on finite steps, so a skipped step never lowers the scale: gradients
-    that overflow at the current scale are skipped again and again. Use a
-    fixed loss scale (or no loss scaling) with the wrapper. If the wrapper
-    learns to run the loss-scale update on skipped steps, change this test.
+    Its scale update lives inside its apply_gradients, which the wrapper
+    only runs on finite steps; the wrapper's skip branch halves the scale
+    itself (`loss_scale_stacking.branch_ops`), so an overflow can recover.
+    (Before, the scale froze and an overflow was skipped again and again.)
     """
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [2])
@@ -311,10 +310,13 @@ class LossScaleOptimizerTest(tf.test.TestCase):
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         initial_scale = sess.run(scale[0])
+        scales = []
         for _ in range(3):
           _, applied = sess.run([train_op, opt.applied()], {x: [_NAN, 1.0]})
           self.assertFalse(applied)
-        self.assertEqual(initial_scale, sess.run(scale[0]))
+          scales.append(sess.run(scale[0]))
+        self.assertEqual(
+            [initial_scale / 2, initial_scale / 4, initial_scale / 8], scales)
 
 
 if __name__ == "__main__":
