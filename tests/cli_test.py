@@ -1,11 +1,13 @@
 """The binaries as users run them: flags, and one-line errors on bad input."""
 
+import json
 import os
 
 import numpy as np
 import tensorflow as tf
 
 import binaries
+from tf1_safe_train import models
 from tf1_safe_train.data import cifar10
 from tf1_safe_train.trainer import preflight
 
@@ -150,7 +152,54 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertNotIn("is deprecated", result.stderr)
 
 
+def _resnet8_run(train_dir):
+  """A run's directory as a resnet8 run leaves it: an initialised resnet8
+  checkpoint and the run_summary.json that records the model."""
+  tf1 = tf.compat.v1
+  os.makedirs(train_dir)
+  with tf.Graph().as_default():
+    models.get_model("resnet8")(tf1.placeholder(tf.float32, [1, 32, 32, 3]),
+                                is_training=False)
+    tf1.train.create_global_step()
+    with tf1.Session() as session:
+      session.run(tf1.global_variables_initializer())
+      tf1.train.Saver().save(session, os.path.join(train_dir, "model.ckpt"),
+                             global_step=0)
+  with open(os.path.join(train_dir, "run_summary.json"), "w") as f:
+    json.dump({"params": {"model": "resnet8", "dataset": "synthetic",
+                          "data_dir": ""}}, f)
+
+
 class EvalCliTest(tf.test.TestCase):
+
+  # Regression test (issue 37, 4): //:eval had the fixed default
+  # --train_dir=/tmp/tf1_safe_train, which a forgotten flag evaluated.
+  def testTrainDirIsRequired(self):
+    result = binaries.run("eval", no_tensorflow=True)  # Before the import.
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(binaries.error_lines(result.stderr), [
+        "eval: error: --train_dir is required: the training run's "
+        "directory"])
+
+  # Regression test (issue 37, 5): on a resnet8 run, //:eval built small_cnn
+  # (its --model default) and failed: `NotFoundError: Key
+  # small_cnn/conv1/biases not found in checkpoint`. It reads the model
+  # from run_summary.json, as //:replay reads a skip's params; a --model
+  # that contradicts the run is refused in one line.
+  def testEvaluatesTheModelTheRunRecorded(self):
+    train_dir = os.path.join(self.get_temp_dir(), "resnet8")
+    _resnet8_run(train_dir)
+    result = binaries.run("eval", "--train_dir=" + train_dir,
+                          "--max_examples=100")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertStartsWith(result.stdout, "eval: step 0  precision@1 ")
+    result = binaries.run("eval", "--train_dir=" + train_dir,
+                          "--model=small_cnn", no_tensorflow=True)
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(binaries.error_lines(result.stderr), [
+        "eval: error: --model=small_cnn, but the run in %s trained "
+        "--model=resnet8 (run_summary.json): its checkpoint holds that "
+        "graph; drop --model" % train_dir])
 
   def testMissingCheckpoint(self):
     result = binaries.run("eval", "--train_dir=" + self.get_temp_dir())

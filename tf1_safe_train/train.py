@@ -10,6 +10,7 @@ has finished; a worker trains (worker 0 is the chief).
 
 import os
 import signal
+import sys
 
 from absl import app
 from absl import flags
@@ -94,6 +95,7 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
+  _fresh_train_dir_unless_given(cluster)
   _preflight(cluster)
   cli.raise_on_sigterm_during_start_up()
   try:
@@ -102,6 +104,25 @@ def main(argv):
     # Ctrl-C or SIGTERM before the trainer's own handlers are installed
     # (TensorFlow's import, graph building): nothing was trained yet.
     cli.start_up_interrupted(_PROGRAM, e)
+
+
+def _fresh_train_dir_unless_given(cluster):
+  """Without --train_dir, a fresh directory, named on the first line.
+
+  A fixed default would be shared silently: a forgotten flag would resume
+  (or, at its --max_steps, end at once) whatever run trained there last.
+  In a cluster every task must name the same directory.
+  """
+  if FLAGS.train_dir:
+    return
+  if cluster is not None:
+    cli.fail(_PROGRAM, "--train_dir is required in a cluster (every task "
+             "names the same directory)")
+  FLAGS.train_dir = train_dir_lib.fresh()
+  sys.stderr.write("%s: --train_dir=%s (a fresh directory; pass --train_dir "
+                   "to choose one, the same one to resume)\n" % (
+                       _PROGRAM, FLAGS.train_dir))
+  sys.stderr.flush()
 
 
 def _preflight(cluster):
