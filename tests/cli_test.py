@@ -130,6 +130,51 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertOneLineError(result, "--train_dir", "not writable")
 
 
+  # Regression test (issue 37, 9): a --train_dir that is a file said
+  # `is not writable: File exists`.
+  def testTrainDirThatIsAFile(self):
+    path = os.path.join(self.get_temp_dir(), "a_file")
+    with open(path, "w") as f:
+      f.write("not a directory")
+    result = binaries.run("train", "--train_dir=" + path,
+                          no_tensorflow=True)  # Refused before its import.
+    self.assertOneLineError(result, "--train_dir=%s is a file, not a "
+                            "directory" % path, exit_code=2)
+
+  # Regression test (issue 37, 4 and 9): without --train_dir a run resumed
+  # the one fixed /tmp/tf1_safe_train silently (or ended at once, exit 0,
+  # at its --max_steps); --num_towers beyond the cores ran without a word.
+  # Now the first line names a fresh directory (under TMPDIR), the run
+  # trains there, and one warning says the towers share the cores; in a
+  # cluster --train_dir is required (every task names the same one).
+  def testNoTrainDirIsFreshAndNamedFirstAndTowersBeyondCoresAreSaid(self):
+    tmp = os.path.join(self.get_temp_dir(), "tmp")
+    os.makedirs(tmp)
+    towers = preflight.cpu_cores() + 1
+    result = binaries.run("train", "--max_steps=1", "--batch_size=2",
+                          "--device=cpu", "--num_towers=%d" % towers,
+                          "--max_explained_skips=0", TMPDIR=tmp)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    (fresh,) = os.listdir(tmp)
+    train_dir = os.path.join(tmp, fresh)
+    self.assertRegex(fresh, r"^tf1_safe_train-\d{8}-\d{6}-\d+$")
+    self.assertEqual(binaries.our_lines(result.stderr)[0],
+                     "train: --train_dir=%s (a fresh directory; pass "
+                     "--train_dir to choose one, the same one to resume)" %
+                     train_dir)
+    with open(os.path.join(train_dir, "run_summary.json")) as f:
+      self.assertEqual(json.load(f)["steps_this_run"], 1)
+    warnings = [l for l in result.stderr.splitlines()
+                if "--num_towers=%d on --device=cpu" % towers in l]
+    self.assertLen(warnings, 1, result.stderr)
+    self.assertIn("may use %d CPU core(s)" % preflight.cpu_cores(),
+                  warnings[0])
+    self.assertOneLineError(
+        binaries.run("train", "--ps_hosts=127.0.0.1:1",
+                     "--worker_hosts=127.0.0.1:2", "--job_name=worker",
+                     no_tensorflow=True),
+        "--train_dir is required in a cluster", exit_code=2)
+
   # One short run proves two things: a relative --train_dir resolves
   # against the directory `bazel run` ran from, and the first screen has no
   # deprecation notice. (TensorFlow prints each deprecated call once, with

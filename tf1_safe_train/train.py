@@ -127,16 +127,20 @@ def _fresh_train_dir_unless_given(cluster):
 
 def _preflight(cluster):
   """Refuses bad input before TensorFlow's import, where that needs no
-  TensorFlow (`preflight`); the same checks run again after it."""
+  TensorFlow (`preflight`; the same checks run again after it), and warns
+  of CPU towers beyond the cores (a ps builds no tower)."""
   gpus = preflight.visible_gpus(FLAGS.device)
   if gpus is None:
     return  # Only TensorFlow knows the GPUs that --device and towers need.
   try:
-    preflight.check(make_params(FLAGS, gpus),
-                    cluster.num_workers if cluster else None)
+    params = make_params(FLAGS, gpus)
+    preflight.check(params, cluster.num_workers if cluster else None)
   except (params_lib.ParamsError, injection_spec.InjectionSpecError,
           train_dir_lib.TrainDirError, preflight.DataError) as e:
     cli.fail(_PROGRAM, e)
+  warning = preflight.towers_warning(params)
+  if warning and (cluster is None or cluster.job_name != cluster_lib.PS):
+    logging.warning(warning)
 
 
 def _run(cluster):
