@@ -2,13 +2,17 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
 
 import binaries
 from tf1_safe_train import models
+from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.data import cifar10
+from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import params
 from tf1_safe_train.trainer import preflight
 
 
@@ -38,6 +42,42 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     for flag in ("--num_towers", "--inject_nonfinite", "--max_consecutive_skips",
                  "increment_global_step_on_skip", "--train_dir"):
       self.assertIn(flag, result.stdout)
+
+  # Regression test (issue 37, 8): --help was one alphabetical list of the
+  # 48 flags (--batch_size first), without -v or --flagfile. It lists them
+  # by concept, the run's common flags first, each flag once, then absl's.
+  def testHelpListsTheFlagsByConceptCommonOnesFirst(self):
+    result = binaries.run("train", "--help", no_tensorflow=True)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    lines = result.stdout.splitlines()
+    listed = [re.match(r"^  --(?:\[no\])?(\w+):", l).group(1)
+              for l in lines if re.match(r"^  --(?:\[no\])?\w+:", l)]
+    self.assertEqual(listed[:4], ["train_dir", "model", "max_steps",
+                                  "batch_size"])
+    self.assertCountEqual(listed, [
+        s.name for s in flag_specs.of_params(params.TrainParams) +
+        cluster_flags.FLAGS])
+    self.assertLess(lines.index("The run:"), lines.index("Optimization:"))
+    self.assertLess(lines.index("Optimization:"),
+                    lines.index("Several machines:"))
+    for absl_flag in ("-v/--verbosity", "--flagfile", "--helpfull"):
+      self.assertIn(absl_flag, result.stdout)
+
+  # Regression test (issue 37, 8): tf_cnn_benchmarks' names got absl's
+  # "'num_batches'. Did you mean: num_towers ?" and "'use_fp16'. Did you
+  # mean: use_cprofile_for_profiling ?". One line names our flag.
+  def testTfCnnBenchmarksFlagsAreAnsweredWithOurs(self):
+    for arg, ours in (("--num_gpus=2", "here use --num_towers (with "
+                       "--device=gpu"),
+                      ("--num_batches=100", "here use --max_steps (the "
+                       "global step to stop at"),
+                      ("--use_fp16", "here use --precision=fp16")):
+      with self.subTest(arg=arg):
+        result = binaries.run("train", "--max_steps=3", arg,
+                              no_tensorflow=True)
+        self.assertOneLineError(result, "train: error: %s is "
+                                "tf_cnn_benchmarks' flag; %s" % (
+                                    arg.split("=")[0], ours), exit_code=2)
 
   def testUnknownFlag(self):
     self.assertOneLineError(binaries.run("train", "--no_such_flag=1",

@@ -21,6 +21,7 @@ from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.trainer import crash_report
 from tf1_safe_train.trainer import disk_full
+from tf1_safe_train.trainer import flag_groups
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import injection_spec
 from tf1_safe_train.trainer import params as params_lib
@@ -269,5 +270,23 @@ def _last_good(target, params, summary):
               start, os.path.basename(path), params.train_dir))
 
 
+_SHORT_HELP = frozenset(["-?", "-h", "--help", "--helpshort"])
+
+
+def parse_flags(argv):
+  """`cli.flags_parser`, but --help lists the flags by concept, common ones
+  first (`flag_groups`), and a tf_cnn_benchmarks flag (--num_batches...)
+  is answered with ours in one line, not absl's "Did you mean"."""
+  arguments = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+  foreign = flag_groups.foreign_flag(argv)
+  if foreign:
+    cli.fail(_PROGRAM, "%s is tf_cnn_benchmarks' flag; here use %s" %
+             foreign)
+  if any(arg.split("=")[0] in _SHORT_HELP for arg in arguments):
+    sys.stdout.write(__doc__ + flag_groups.help_text(_SPECS))
+    sys.exit(0)
+  return cli.flags_parser(_PROGRAM)(argv)
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.flags_parser(_PROGRAM))
+  app.run(main, flags_parser=parse_flags)
