@@ -59,8 +59,9 @@ def _params():
                 data_dir=cli.resolve_path(FLAGS.data_dir))
   given = [name for name in values if FLAGS[name].present]
   try:
-    values = recorded_params.for_eval(
-        values, given, recorded_params.read(train_dir), train_dir)
+    if not recorded_params.EVAL_FIELDS <= set(given):  # Else not needed.
+      values = recorded_params.for_eval(
+          values, given, recorded_params.read(train_dir), train_dir)
     return params_lib.EvalParams(**values).validate()
   except params_lib.ParamsError as e:
     cli.fail(_PROGRAM, e)

@@ -283,7 +283,8 @@ def parse_flags(argv):
     cli.fail(_PROGRAM, "%s is tf_cnn_benchmarks' flag; here use %s" %
              foreign)
   if any(arg.split("=")[0] in _SHORT_HELP for arg in arguments):
-    sys.stdout.write(__doc__ + flag_groups.help_text(_SPECS))
+    sys.stdout.write("%s\nflags of %s, by concept:\n%s" % (
+        __doc__, os.path.abspath(__file__), flag_groups.help_text(_SPECS)))
     sys.exit(0)
   return cli.flags_parser(_PROGRAM)(argv)
 

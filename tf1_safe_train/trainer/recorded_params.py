@@ -21,6 +21,8 @@ RUN_SUMMARY = "run_summary.json"  # run_summary.RUN_SUMMARY, without TF.
 _GRAPH_FIELDS = ("model",)
 # Fields that say what is evaluated: the run's value unless a flag is given.
 _DATA_FIELDS = ("dataset", "data_dir")
+# The flags that, all given, leave nothing to read.
+EVAL_FIELDS = frozenset(_GRAPH_FIELDS + _DATA_FIELDS)
 
 
 def read(train_dir):
@@ -30,7 +32,8 @@ def read(train_dir):
   of another trainer): the flags then say everything, as before.
 
   Raises:
-    params.ParamsError: the file exists but holds no params object.
+    params.ParamsError: the file exists but holds no params object (given
+      --model, --dataset and --data_dir, //:eval does not read it).
   """
   path = os.path.join(train_dir, RUN_SUMMARY)
   try:
