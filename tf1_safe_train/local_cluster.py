@@ -60,16 +60,14 @@ def train_command():
 
 
 def with_train_dir(train_args):
-  """`train_args`, with a fresh --train_dir (named on one line) if they give
-  none: every task must name the same one, so the launcher chooses it."""
+  """(`train_args`, None), or with a fresh --train_dir and its path if they
+  give none: every task must name the same one, so the launcher chooses it.
+  """
   if any(arg.split("=", 1)[0] in ("--train_dir", "-train_dir")
          for arg in train_args):
-    return train_args
+    return train_args, None
   train_dir = train_dir_lib.fresh()
-  sys.stderr.write("%s: --train_dir=%s (a fresh directory; pass "
-                   "--train_dir after -- to choose one, the same one to "
-                   "resume)\n" % (_PROGRAM, train_dir))
-  return list(train_args) + ["--train_dir=" + train_dir]
+  return list(train_args) + ["--train_dir=" + train_dir], train_dir
 
 
 def noise_log():
@@ -79,15 +77,19 @@ def noise_log():
 
 
 def main(argv):
-  train_args = argv[1:]
+  train_args, fresh = with_train_dir(argv[1:])
   try:
     local_cluster_lib.check_train_args(train_args)
     launcher = local_cluster_lib.LocalCluster(
         FLAGS.num_ps, FLAGS.num_workers, lambda unused_task: train_command(),
-        with_train_dir(train_args), stop_grace_secs=FLAGS.stop_grace_secs,
+        train_args, stop_grace_secs=FLAGS.stop_grace_secs,
         noise_log=noise_log())
   except ValueError as e:
     cli.fail(_PROGRAM, e)
+  if fresh:
+    launcher.message("--train_dir=%s (a fresh directory; pass --train_dir "
+                     "after -- to choose one, the same one to resume)" %
+                     fresh)
   if FLAGS.private_network:
     why_not = private_network.isolate()
     if why_not is not None:

@@ -96,8 +96,16 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
-  _fresh_train_dir_unless_given(cluster)
-  _preflight(cluster)
+  fresh = _fresh_train_dir_unless_given(cluster)
+  params = _preflight(cluster)
+  if fresh:  # Once the run is not refused: its first line.
+    sys.stderr.write("%s: --train_dir=%s (a fresh directory; pass "
+                     "--train_dir to choose one, the same one to resume)\n"
+                     % (_PROGRAM, fresh))
+    sys.stderr.flush()
+  warning = params and preflight.towers_warning(params)
+  if warning and (cluster is None or cluster.job_name != cluster_lib.PS):
+    logging.warning(warning)
   cli.raise_on_sigterm_during_start_up()
   try:
     _run(cluster)
@@ -108,40 +116,36 @@ def main(argv):
 
 
 def _fresh_train_dir_unless_given(cluster):
-  """Without --train_dir, a fresh directory, named on the first line.
+  """Without --train_dir, a fresh directory (its path; main names it on
+  the first line), else None.
 
   A fixed default would be shared silently: a forgotten flag would resume
   (or, at its --max_steps, end at once) whatever run trained there last.
   In a cluster every task must name the same directory.
   """
   if FLAGS.train_dir:
-    return
+    return None
   if cluster is not None:
     cli.fail(_PROGRAM, "--train_dir is required in a cluster (every task "
              "names the same directory)")
   FLAGS.train_dir = train_dir_lib.fresh()
-  sys.stderr.write("%s: --train_dir=%s (a fresh directory; pass --train_dir "
-                   "to choose one, the same one to resume)\n" % (
-                       _PROGRAM, FLAGS.train_dir))
-  sys.stderr.flush()
+  return FLAGS.train_dir
 
 
 def _preflight(cluster):
   """Refuses bad input before TensorFlow's import, where that needs no
-  TensorFlow (`preflight`; the same checks run again after it), and warns
-  of CPU towers beyond the cores (a ps builds no tower)."""
+  TensorFlow (`preflight`); the same checks run again after it. Returns the
+  params, or None when only TensorFlow can make them."""
   gpus = preflight.visible_gpus(FLAGS.device)
   if gpus is None:
-    return  # Only TensorFlow knows the GPUs that --device and towers need.
+    return None  # Only TensorFlow knows the GPUs --device and towers need.
   try:
     params = make_params(FLAGS, gpus)
     preflight.check(params, cluster.num_workers if cluster else None)
   except (params_lib.ParamsError, injection_spec.InjectionSpecError,
           train_dir_lib.TrainDirError, preflight.DataError) as e:
     cli.fail(_PROGRAM, e)
-  warning = preflight.towers_warning(params)
-  if warning and (cluster is None or cluster.job_name != cluster_lib.PS):
-    logging.warning(warning)
+  return params
 
 
 def _run(cluster):
