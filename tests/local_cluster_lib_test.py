@@ -123,7 +123,7 @@ class NoiseTest(tf.test.TestCase):
     self.assertCountEqual(err.getvalue().splitlines(), [
         "[ps 0] W1206 a warning of the run",
         "[worker 0] W1206 a warning of the run",
-        "local_cluster: 2 line(s) of TensorFlow's shutdown noise (\"Local "
+        "local_cluster: 2 line(s) of TensorFlow's cleanup warnings (\"Local "
         "rendezvous is aborting with status: ABORTED: Cleanup ...\") not "
         "shown: " + log])
     with open(log) as f:

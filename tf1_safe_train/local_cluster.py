@@ -71,7 +71,7 @@ def with_train_dir(train_args):
 
 
 def noise_log():
-  """Where TensorFlow's shutdown noise of the tasks goes (`task_output`)."""
+  """Where the tasks' TensorFlow cleanup warnings go (`task_output`)."""
   return os.path.join(tempfile.gettempdir(), "local_cluster-%s-%d.log" % (
       time.strftime("%Y%m%d-%H%M%S"), os.getpid()))
 

@@ -260,7 +260,7 @@ class LocalCluster(object):
       task.join_output()
     if self._noise is not None and self._noise.count:
       self._noise.close()
-      self.message("%d line(s) of TensorFlow's shutdown noise (\"Local "
+      self.message("%d line(s) of TensorFlow's cleanup warnings (\"Local "
                    "rendezvous is aborting with status: ABORTED: Cleanup "
                    "...\") not shown: %s" % (self._noise.count,
                                               self._noise.path))

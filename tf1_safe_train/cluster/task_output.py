@@ -1,5 +1,5 @@
 """How a local cluster's task output reaches the screen: line by line,
-prefixed with its task, without TensorFlow's shutdown noise.
+prefixed with its task, without TensorFlow's cleanup warnings.
 
 `//:local_cluster` copies each task's stdout and stderr (`copy_lines`); the
 `NOISE` lines, warnings TensorFlow's C++ runtime prints at every cancelled
