@@ -285,6 +285,15 @@ class EvalCliTest(tf.test.TestCase):
         "eval: error: --model=small_cnn, but the run in %s trained "
         "--model=resnet8 (run_summary.json): its checkpoint holds that "
         "graph; drop --model" % train_dir])
+    # A run not finished yet has recorded nothing: --model's default is
+    # built, and the line says to pass the run's.
+    os.remove(os.path.join(train_dir, "run_summary.json"))
+    result = binaries.run("eval", "--train_dir=" + train_dir)
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(binaries.error_lines(result.stderr), [
+        "eval: error: NotFoundError: Key small_cnn/conv1/biases not found "
+        "in checkpoint: the checkpoint holds another model than "
+        "--model=small_cnn; pass the run's --model"])
 
   def testMissingCheckpoint(self):
     result = binaries.run("eval", "--train_dir=" + self.get_temp_dir())

@@ -39,6 +39,14 @@ def main(argv):
   except (eval_lib.NonFiniteCheckpointError,
           eval_lib.NonFiniteLossError) as e:
     cli.fail(_PROGRAM, e, 1)
+  except tf.errors.NotFoundError as e:
+    if "not found in checkpoint" not in str(e):
+      cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
+    # A run records its model when it ends (run_summary.json): one still
+    # going is evaluated with --model, whose default may not be its model.
+    cli.fail(_PROGRAM, "%s: the checkpoint holds another model than "
+             "--model=%s; pass the run's --model" % (
+                 cli.describe_op_error(e), params.model))
   except tf.errors.OpError as e:
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
   print("eval: step %d  precision@1 %.4f  loss %.4f  (%d examples%s)" % (
