@@ -116,13 +116,8 @@ def main(argv):
 
 
 def _fresh_train_dir_unless_given(cluster):
-  """Without --train_dir, a fresh directory (its path; main names it on
-  the first line), else None.
-
-  A fixed default would be shared silently: a forgotten flag would resume
-  (or, at its --max_steps, end at once) whatever run trained there last.
-  In a cluster every task must name the same directory.
-  """
+  """Without --train_dir, a fresh directory's path (a fixed default would be
+  resumed by a forgotten flag), else None; required in a cluster."""
   if FLAGS.train_dir:
     return None
   if cluster is not None:
