@@ -128,6 +128,15 @@ def run(name, *args, timeout=300, fresh_process=False, **env_args):
                         text=True, env=environ, timeout=timeout, check=False)
 
 
+def run_code(code, *args, timeout=300):
+  """Runs `code` (e.g. a driver that patches the trainer, then runs
+  `//:train`'s main) as `python -c code args...` would, forked from the
+  server `run` uses; returns the `subprocess.CompletedProcess` (text)."""
+  return _server().run("import sys\nsys.argv[1:] = %r\n%s" % (list(args),
+                                                              code),
+                       os.getcwd(), timeout)
+
+
 # Variables read when a binary runs, not when TensorFlow is imported: a
 # forked run may differ from the server in them (PYTEST_CURRENT_TEST is
 # pytest's, for no binary).

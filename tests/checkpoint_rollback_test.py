@@ -347,6 +347,19 @@ class StateRulesTest(tf.test.TestCase):
       with open(os.path.join(root, "docs", doc)) as f:
         self.assertIn("\n" + table + "\n", f.read(), doc)
 
+  def testEveryRuleNamesTestsThatExist(self):
+    # A renamed or removed test cannot leave a rule (and the docs' table)
+    # pointing at nothing.
+    here = os.path.dirname(os.path.abspath(__file__))
+    for rule in state_rules.RULES:
+      self.assertTrue(rule.test, rule.state)
+      for name in rule.test:
+        path, cls, test = name.split("::")
+        with open(os.path.join(here, path)) as f:
+          text = f.read()
+        self.assertIn("class %s(" % cls, text, name)
+        self.assertIn("def %s(" % test, text, name)
+
   def testARollbackKeepsTheHistoryAndRestoresTheModel(self):
     with tf.Graph().as_default():
       global_step = tf1.train.get_or_create_global_step()

@@ -3,11 +3,15 @@
 import json
 import os
 import re
+import subprocess
+import sys
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
 
 import binaries
+from tf1_safe_train import console
 from tf1_safe_train import models
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.data import cifar10
@@ -253,6 +257,69 @@ def _resnet8_run(train_dir):
   with open(os.path.join(train_dir, "run_summary.json"), "w") as f:
     json.dump({"params": {"model": "resnet8", "dataset": "synthetic",
                           "data_dir": ""}}, f)
+
+
+class LaunchTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
+  """How a binary was run: the command its --help names, TensorFlow
+  missing (tests/pip_install_test.py runs the console scripts)."""
+
+  def testWithoutTensorFlowOneLineSaysWhatToInstall(self):
+    # A `tensorflow` whose import fails (binaries.env): the line names the
+    # error and the package; one that is not there at all gets
+    # NO_TENSORFLOW (tests/pip_install_test.py, a virtualenv without it).
+    for binary in ("train", "eval"):
+      with self.subTest(binary=binary):
+        result = binaries.run(binary, "--train_dir=" + self.get_temp_dir(),
+                              no_tensorflow=True, fresh_process=True)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(binaries.error_lines(result.stderr), [
+            "%s: error: TensorFlow is installed but cannot be imported "
+            "(ImportError: tensorflow was imported); reinstall the one "
+            "tf1_safe_train is tested with (2.21): pip install "
+            "tensorflow-cpu==2.21.* or 'tensorflow[and-cuda]==2.21.*' (or "
+            "the extra tf1_safe_train[cpu] or [gpu])" % binary])
+
+  def testHelpNamesTheCommandRun(self):
+    result = subprocess.run(
+        [sys.executable, "-m", "tf1_safe_train.train", "--help"],
+        capture_output=True, text=True, env=binaries.env(), timeout=120,
+        check=False)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("\n  python -m tf1_safe_train.train --num_towers=2 ",
+                  result.stdout)
+    self.assertNotIn("bazelw", result.stdout)
+    self.assertIn("--max_steps", result.stdout)
+
+  def testCommandIsHowItWasLaunched(self):
+    workspace = self.get_temp_dir()
+    runfiles = os.path.join(workspace, "bazel-bin", "train.runfiles",
+                            "tf1_safe_train", "tf1_safe_train", "train.py")
+    cases = [
+        (["/v/bin/python", "-m", "tf1_safe_train.eval", "--x"], {},
+         "python -m tf1_safe_train.eval"),
+        (["/v/bin/python", "-u", "-m", "tf1_safe_train.train"], {},
+         "python -m tf1_safe_train.train"),
+        (["/v/bin/python", "/v/bin/tf1-safe-train", "--help"], {},
+         "tf1-safe-train"),
+        # `bazel run` from another workspace (no ./bazelw there).
+        (["/v/bin/python3", runfiles, "--help"],
+         {"BUILD_WORKSPACE_DIRECTORY": workspace},
+         "bazel run @tf1_safe_train//:train --"),
+        (["/v/bin/python3", runfiles], {}, "./bazelw run //:train --"),
+    ]
+    for orig_argv, environ, expected in cases:
+      with self.subTest(orig_argv=orig_argv), \
+          mock.patch.object(sys, "orig_argv", orig_argv), \
+          mock.patch.dict(os.environ, environ):
+        if not environ:
+          os.environ.pop("BUILD_WORKSPACE_DIRECTORY", None)
+        self.assertEqual(console.command("train"), expected)
+    with open(os.path.join(workspace, "bazelw"), "w"):
+      pass
+    with mock.patch.object(sys, "orig_argv", ["python3", runfiles]), \
+        mock.patch.dict(os.environ, {"BUILD_WORKSPACE_DIRECTORY": workspace}):
+      self.assertEqual(console.command("eval"), "./bazelw run //:eval --")
 
 
 class EvalCliTest(tf.test.TestCase):

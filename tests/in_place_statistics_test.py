@@ -273,5 +273,34 @@ class WhatASkipRestoresTest(tf.test.TestCase):
           self.assertTrue(np.array_equal(expected, value))
 
 
+class RunsBetweenStepsTest(tf.test.TestCase):
+  """Issue 33, item 6: a run between steps that writes the statistics.
+
+  DCGAN's loop evaluates `d_loss_real` on the batch again for its
+  printouts; that run writes the discriminator's in-place statistics (a
+  NaN, on a bad batch: the next step skips too). The script is told so at
+  that run, once, in one line.
+  """
+
+  def testDcganLoopIsToldOnceInOneLine(self):
+    with tf.Graph().as_default():
+      gan = _Gan()
+      d_optim, g_optim = gan.steps
+      d_loss_real = gan.d_loss_real
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertLogs(level="WARNING") as logs:
+          for step in range(3):
+            feed = gan.feed(step, nan_real=step == 1)
+            sess.run(d_optim, feed)
+            sess.run(g_optim, feed)
+            d_loss_real.eval(feed)  # DCGAN: errD_real, for its printout
+    told = [l for l in logs.output if "executes no guarded step" in l]
+    self.assertLen(told, 1, logs.output)
+    self.assertNotIn("\n", told[0])
+    self.assertIn("discriminator/bn0/moving_mean", told[0])
+    self.assertIn("`sess.run([d_optim, d_loss_real], feed_dict)`", told[0])
+
+
 if __name__ == "__main__":
   tf.test.main()

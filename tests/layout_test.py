@@ -31,7 +31,7 @@ _LAYERS = (
     ("data", "models"),
     ("trainer",),
     ("cluster",),
-    ("cli", "eval", "local_cluster", "replay", "train"),
+    ("cli", "console", "eval", "local_cluster", "replay", "train"),
 )
 _RANK = {name: rank for rank, layer in enumerate(_LAYERS) for name in layer}
 # What importing the core must not load: every layer above it.

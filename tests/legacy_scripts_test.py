@@ -75,16 +75,17 @@ class SlimTrainImageClassifierTest(tf.test.TestCase):
     update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "clone_0")
     ema = tf1.train.ExponentialMovingAverage(0.99, global_step)
     update_ops.append(ema.apply(tf1.model_variables()))
-    opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
-    opt = optimizer_lib.SkipNonFiniteOptimizer(opt, strict=strict)
+    optimizer = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
+    optimizer = optimizer_lib.SkipNonFiniteOptimizer(optimizer, strict=strict)
     total_loss = tf.add_n(losses) / len(losses)
-    grads = opt.compute_gradients(total_loss)
-    update_ops.append(opt.apply_gradients(grads, global_step=global_step))
+    grads = optimizer.compute_gradients(total_loss)
+    update_ops.append(optimizer.apply_gradients(grads,
+                                                global_step=global_step))
     update_op = tf.group(*update_ops)
     with tf1.control_dependencies([update_op]):
       train_tensor = tf.identity(total_loss, name="train_op")
-    if protect:
-      train_tensor = opt.protect(train_tensor)  # the line the warning says
+    if protect:  # the line the warning says
+      train_tensor = optimizer.protect(train_tensor)
     watched = [v for v in tf1.global_variables()
                if "moving_mean" in v.op.name or
                "ExponentialMovingAverage" in v.op.name]
@@ -120,7 +121,10 @@ class SlimTrainImageClassifierTest(tf.test.TestCase):
       for name in ("net/moving_mean", "net/weights/ExponentialMovingAverage",
                    "net/moving_mean/ExponentialMovingAverage"):
         self.assertIn(name, told[0])
-      self.assertIn("`train_op = opt.protect(train_op)`", told[0])
+      # In the script's words (issue 33, item 5): its names, not
+      # `train_op = opt.protect(train_op)`.
+      self.assertIn("`train_tensor = optimizer.protect(train_tensor)`",
+                    told[0])
 
   def testStrictRefusesTheFirstRun(self):
     with tf.Graph().as_default():
@@ -141,6 +145,52 @@ class SlimTrainImageClassifierTest(tf.test.TestCase):
       self.assertFalse(np.array_equal(moved, was))
     # A tensor stays a tensor: the loop logs the loss it returns.
     self.assertTrue(np.isfinite(losses[0]))
+
+
+class DistributedOptimizer(tf1.train.Optimizer):
+  """Like Horovod's `hvd.DistributedOptimizer(opt)`: wraps an optimizer
+  (its `_optimizer`), averages the gradients, lets it apply them."""
+
+  def __init__(self, optimizer):
+    super().__init__(use_locking=False, name="Distributed")
+    self._optimizer = optimizer
+
+  def compute_gradients(self, *args, **kwargs):
+    return self._optimizer.compute_gradients(*args, **kwargs)  # allreduce
+
+  def apply_gradients(self, *args, **kwargs):
+    return self._optimizer.apply_gradients(*args, **kwargs)
+
+
+class HorovodWrapsTheWrapperTest(tf.test.TestCase):
+  """Issue 33, item 5: another optimizer wraps ours; advice names it and
+  what holds `protect`, and followed literally it does not loop."""
+
+  def testAdviceNamesTheWrappingClassAndWhatHoldsProtect(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [4, 3])
+      loss = _net(x, "hvd")
+      global_step = tf1.train.get_or_create_global_step()
+      opt = tf1.train.MomentumOptimizer(0.1, momentum=0.9)
+      opt = optimizer_lib.SkipNonFiniteOptimizer(opt, strict=True)
+      opt = DistributedOptimizer(opt)  # Horovod's line
+      train_op = opt.minimize(loss, global_step=global_step)
+      ema = tf1.train.ExponentialMovingAverage(0.99)
+      train_op = tf.group(train_op, ema.apply(tf1.trainable_variables()))
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertRaisesRegex(ValueError,
+                                    "outside the skip decision") as refused:
+          sess.run(train_op, {x: _batch(0)})
+        told = str(refused.exception)
+        self.assertIn("`train_op = opt._optimizer.protect(train_op)` "
+                      "(protect is the SkipNonFiniteOptimizer's, which your "
+                      "DistributedOptimizer wraps", told)
+        self.assertNotIn("group_deps", told)
+        names = {"opt": opt, "train_op": train_op}
+        exec("train_op = opt._optimizer.protect(train_op)", {}, names)  # pylint: disable=exec-used
+        sess.run(tf1.global_variables_initializer())
+        sess.run(names["train_op"], {x: _batch(0)})  # Not refused.
 
 
 class _IgnoresGlobalStep(tf1.train.GradientDescentOptimizer):

@@ -3,12 +3,16 @@
 The wheel is built from a copy of the sources (`pip wheel` writes build/ and
 *.egg-info next to them), installed without dependencies into a fresh
 virtualenv that sees the project's TensorFlow through a `.pth` file, and
-used from outside the repository: the README's wrapper example and the
-binaries as `python -m tf1_safe_train.NAME`; and into one without
-TensorFlow, which says what to install.
+used from outside the repository: the README's wrapper example, the
+binaries as `python -m tf1_safe_train.NAME` and as console scripts
+(`tf1-safe-train`, whose --help names it); and into one without
+TensorFlow, which says what to install (the trainer in one line). The
+extras pin the TensorFlow tested, and the README's Keras command is the one
+./bazelw runs.
 """
 
 import glob
+import importlib.metadata
 import os
 import re
 import shutil
@@ -20,6 +24,10 @@ import zipfile
 import tensorflow as tf
 
 _BINARIES = ("train", "eval", "replay", "local_cluster")
+# pyproject.toml's [project.scripts]: each runs its binary.
+_SCRIPTS = {"train": "tf1-safe-train", "eval": "tf1-safe-train-eval",
+            "replay": "tf1-safe-train-replay",
+            "local_cluster": "tf1-safe-train-local-cluster"}
 
 
 def _root():
@@ -113,6 +121,17 @@ class PipInstallTest(tf.test.TestCase):
     cls.bare_python = os.path.join(bare, "bin", "python")
     _run([sys.executable, "-m", "pip", "--python", cls.bare_python,
           "install", "--no-deps", cls.wheel], cwd=work)
+    # With absl-py and numpy, which `pip install` brings (the package's
+    # requirements), for the binaries.
+    bare_site = _run([cls.bare_python, "-c", "import sysconfig; "
+                      "print(sysconfig.get_paths()['purelib'])"],
+                     cwd=work).stdout.strip()
+    for name in ("absl", "numpy", "numpy.libs"):
+      path = os.path.join(sysconfig.get_paths()["purelib"], name)
+      if os.path.exists(path):
+        os.symlink(path, os.path.join(bare_site, name))
+    cls.bare = bare
+    cls.venv = venv
     cls.outside = os.path.join(work, "elsewhere")
     os.makedirs(cls.outside)
 
@@ -160,6 +179,69 @@ class PipInstallTest(tf.test.TestCase):
         "ImportError: tf1_safe_train needs TensorFlow (2.21 is the version "
         "tested), which this Python does not have: pip install "
         "tensorflow-cpu==2.21.*", result.stderr)
+
+  def testConsoleScriptsRunTheBinariesAndTheirHelpNamesThem(self):
+    with zipfile.ZipFile(self.wheel) as wheel:
+      entry_points, = [n for n in wheel.namelist()
+                       if n.endswith("/entry_points.txt")]
+      text = wheel.read(entry_points).decode()
+    scripts = dict(re.findall(r"(?m)^(tf1-safe-train\S*) = (\S+)$", text))
+    self.assertEqual(sorted(scripts), sorted(_SCRIPTS.values()))
+    for binary, script in _SCRIPTS.items():
+      with self.subTest(script=script):
+        result = _run([os.path.join(self.venv, "bin", script), "--help"],
+                      cwd=self.outside)
+        # The docstring's `./bazelw run //:NAME -- --flag...` example.
+        self.assertIn("\n  %s --" % script, result.stdout)
+        self.assertNotIn("bazelw", result.stdout)
+        self.assertIn(  # Its own flags, as `python -m` lists them.
+            os.path.join(self.site, "tf1_safe_train", binary + ".py") + ":",
+            result.stdout)
+    result = _run([os.path.join(self.venv, "bin", "tf1-safe-train"),
+                   "--help"], cwd=self.outside)
+    self.assertIn("--max_steps", result.stdout)
+
+  def testTrainerWithoutTensorFlowSaysWhatToInstallInOneLine(self):
+    result = subprocess.run(
+        [os.path.join(self.bare, "bin", "tf1-safe-train"),
+         "--train_dir=" + os.path.join(self.work, "run")],
+        cwd=self.outside, env=_env(), capture_output=True, text=True,
+        timeout=60, check=False)
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(result.stderr.splitlines(), [
+        "train: error: tf1_safe_train needs TensorFlow (2.21 is the version "
+        "tested), which this Python does not have: pip install "
+        "tensorflow-cpu==2.21.* or 'tensorflow[and-cuda]==2.21.*' (or the "
+        "extra tf1_safe_train[cpu] or [gpu])"])
+
+  def testExtrasPinTheTestedTensorFlow(self):
+    with zipfile.ZipFile(self.wheel) as wheel:
+      metadata, = [n for n in wheel.namelist() if n.endswith("/METADATA")]
+      requires = re.findall(r"(?m)^Requires-Dist: (.*)$",
+                            wheel.read(metadata).decode())
+    with open(os.path.join(_source_root(), "requirements.txt")) as f:
+      tested = re.search(r"(?m)^tensorflow-cpu==(\d+\.\d+)\.\d+$",
+                         f.read()).group(1)
+    pinned = [r for r in requires if r.startswith(("tensorflow", "tensorboard"))]
+    self.assertLen(pinned, 3)
+    for requirement in pinned:
+      self.assertRegex(requirement, r"==%s\.\*; extra == " % re.escape(tested))
+
+  def testKerasCommandInstallsNoSecondTensorFlow(self):
+    # tf-keras requires the full `tensorflow` wheel, which pip would install
+    # over tensorflow-cpu: the README's command is the one ./bazelw runs
+    # (--no-deps, requirements-legacy.txt's pin).
+    requires = importlib.metadata.requires("tf-keras")
+    self.assertTrue(any(re.match(r"tensorflow\b(?!-)", r) for r in requires),
+                    requires)
+    root = _source_root()
+    with open(os.path.join(root, "requirements-legacy.txt")) as f:
+      pin, = re.findall(r"(?m)^tf-keras==\S+$", f.read())
+    with open(os.path.join(root, "bazelw")) as f:
+      self.assertRegex(f.read(), r"--no-deps \\\n\s+-r \"\$\{root\}/"
+                       r"requirements-legacy.txt\"")
+    with open(os.path.join(root, "README.md")) as f:
+      self.assertIn("pip install --no-deps " + pin, " ".join(f.read().split()))
 
   def testBinariesRunAsModules(self):
     for binary in _BINARIES:

@@ -8,6 +8,7 @@ and a clear whose input faults never count.
 import json
 import os
 import shutil
+import signal
 import tempfile
 
 import tensorflow as tf
@@ -145,6 +146,191 @@ class QuarantineTest(tf.test.TestCase):
     records = skip_log.read(skip_log.path(train_dir, 0))[2:]
     self.assertEqual([8, 9, 10], [r["step"] for r in records])
     self.assertEqual([True] * 3, [r["reproduced"] for r in records])
+
+
+# `//:train`'s main with TRAP run first (argv: its flags): it patches the
+# quarantine to send a signal at the decision or at the rebuild.
+_DRIVER = r"""
+import os, signal
+from absl import app
+from tf1_safe_train import cli, train
+from tf1_safe_train.trainer import quarantine
+%s
+app.run(train.main, flags_parser=cli.flags_parser("train"))
+"""
+# Signal SIG right after the decision's line (a hook at the decision).
+_AT_DECISION = """
+decide = quarantine.Quarantine.on_suspect
+def on_suspect(self, run_context, tower):
+  decide(self, run_context, tower)
+  if self.restart:
+    os.kill(os.getpid(), signal.%s)
+quarantine.Quarantine.on_suspect = on_suspect
+"""
+# SIGTERM while the step is rebuilt (the second segment's quarantine).
+_AT_REBUILD = """
+start = quarantine.Quarantine.__init__
+segments = []
+def __init__(self, *args):
+  segments.append(self)
+  if len(segments) == 2:
+    os.kill(os.getpid(), signal.SIGTERM)
+  start(self, *args)
+quarantine.Quarantine.__init__ = __init__
+"""
+_TINY = ("--model=small_cnn", "--batch_size=8", "--device=cpu",
+         "--skip_unit=tower", "--quarantine_after=1",
+         "--save_checkpoints_steps=100", "--log_every_n_steps=100")
+_NOT_QUARANTINED = ("tower 1 (/device:CPU:1): 1 faults that did not "
+                    "reproduce, but not quarantined: 1 towers would be left")
+
+
+class AcrossRestartsTest(tf.test.TestCase):
+  """A restart (or the rebuild) decides as the run did, a decision outlives
+  a SIGKILL, the rebuilt input goes on, a signal at the decision stops."""
+
+  def _run(self, *args, code=None, **kwargs):
+    train_dir = kwargs.pop("train_dir", None) or tempfile.mkdtemp(
+        dir=self.get_temp_dir())
+    args = ("--train_dir=" + train_dir,) + _TINY + args
+    if code is None:
+      return train_dir, binaries.run("train", *args, timeout=600)
+    return train_dir, binaries.run_code(_DRIVER % code, *args, timeout=600)
+
+  def _restart(self, train_dir, max_steps, *args):
+    """Resumes `train_dir` without a drill; checks it ends well."""
+    _, result = self._run("--max_steps=%d" % max_steps, *args,
+                          train_dir=train_dir)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    summary = _summary(train_dir)
+    self.assertEqual(("max_steps", max_steps),
+                     (summary["exit_reason"], summary["global_step"]))
+    return result, summary
+
+  # Item 1: the restart applies the run's floor (at least 2 towers left).
+  # It quarantined tower 1 (count 1 saved) and died on the checkpoint's
+  # per-tower shapes ([2] vs [1]).
+  def testARestartKeepsTheLastTwoTowers(self):
+    train_dir, first = self._run("--num_towers=2", "--max_steps=4",
+                                 "--inject_nonfinite=nan@2:1")
+    self.assertEqual(first.returncode, 0, first.stderr)
+    self.assertIn(_NOT_QUARANTINED, first.stderr)
+    result, summary = self._restart(train_dir, 6, "--num_towers=2")
+    self.assertIn(_NOT_QUARANTINED, result.stderr)  # The same rule.
+    self.assertEqual([], summary["quarantined_towers"])
+    self.assertEqual((6, 0), (summary["applied_steps"],
+                              summary["skipped_steps"]))
+
+  # Every tower at K: it quarantined both (no tower left: a TypeError).
+  def testARestartWithEveryTowerAtKQuarantinesNone(self):
+    train_dir, first = self._run("--num_towers=2", "--max_steps=4",
+                                 "--inject_nonfinite=nan@1:0,nan@2:1")
+    self.assertEqual(first.returncode, 0, first.stderr)
+    self.assertEqual([1, 1], _suspect_faults(train_dir))
+    result, summary = self._restart(train_dir, 6, "--num_towers=2")
+    self.assertNotIn("quarantined towers", result.stderr)
+    self.assertEqual([], summary["quarantined_towers"])
+    self.assertEqual(6, summary["applied_steps"])
+
+  # 4 towers, --min_healthy_towers=3: the run quarantined tower 3 and kept
+  # tower 2 (the floor); the restart quarantined both, built 2 towers and
+  # skipped every step.
+  def testARestartKeepsMinHealthyTowers(self):
+    flags = ("--num_towers=4", "--min_healthy_towers=3")
+    train_dir, first = self._run("--max_steps=5", "--inject_nonfinite="
+                                 "nan@1:3,nan@3:2", *flags)
+    self.assertEqual(first.returncode, 0, first.stderr)
+    self.assertEqual([0, 0, 1, 1], _suspect_faults(train_dir))
+    result, summary = self._restart(train_dir, 8, *flags)
+    self.assertIn("quarantined towers (--quarantine_after=1, kept from the "
+                  "checkpoint; --clear_quarantine starts over): 3 "
+                  "(/device:CPU:3)\n", result.stderr)
+    self.assertIn("tower 2 (/device:CPU:2): 1 faults that did not reproduce, "
+                  "but not quarantined: 2 towers would be left",
+                  result.stderr)
+    self.assertEqual([3], summary["quarantined_towers"])
+    # The one skip is the first run's step 3 (2 healthy towers of 3 built,
+    # fewer than --min_healthy_towers); every step of the restart applied.
+    self.assertEqual((7, 1), (summary["applied_steps"],
+                              summary["skipped_steps"]))
+
+  # Item 2: the decision is durable before its line: a SIGKILL right after
+  # it (before any checkpoint holds the count) loses nothing. The restart
+  # built all three towers.
+  def testADecisionOutlivesASigkillRightAfterItsLine(self):
+    train_dir, first = self._run(
+        "--num_towers=3", "--max_steps=6", "--inject_nonfinite=nan@2:2",
+        code=_AT_DECISION % "SIGKILL")
+    self.assertEqual(first.returncode, -signal.SIGKILL, first.stderr)
+    self.assertIn("tower 2 (/device:CPU:2) quarantined: 1 faults",
+                  first.stderr)
+    result, summary = self._restart(train_dir, 4, "--num_towers=3")
+    self.assertIn("quarantined towers (--quarantine_after=1, kept from the "
+                  "checkpoint; --clear_quarantine starts over): 2 "
+                  "(/device:CPU:2)", result.stderr)
+    self.assertEqual([2], summary["quarantined_towers"])
+
+  # Item 3: the rebuilt step's towers read the next batches of the input.
+  # Step 5's tower 1 read step 0's tower-1 batch again (the same ids).
+  def testTheRebuiltInputFeedsNoExampleTwice(self):
+    train_dir, result = self._run(
+        "--num_towers=3", "--max_steps=8", "--quarantine_after=2",
+        "--inject_nonfinite=nan@0:1,nan@3-4:2,nan@5:1")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("tower 2 (/device:CPU:2) quarantined", result.stderr)
+    fed = [(r["step"], t["index"], t["example_ids"])
+           for r in skip_log.read(skip_log.path(train_dir, 0))
+           for t in r["towers"]]
+    # Each record has every built tower's batch: 3 towers at steps 0, 3
+    # and 4, then 2 (rebuilt without tower 2) at step 5.
+    self.assertEqual([(0, 0), (0, 1), (0, 2), (3, 0), (3, 1), (3, 2),
+                      (4, 0), (4, 1), (4, 2), (5, 0), (5, 1)],
+                     [(step, tower) for step, tower, _ in fed])
+    ids = [i for _, _, batch in fed for i in batch]
+    self.assertLen(ids, 11 * 8)
+    self.assertLen(set(ids), 11 * 8, fed)
+
+  # Item 4: SIGTERM at the decision was logged and then lost with the
+  # segment's hook (the run went on to --max_steps).
+  def testASigtermAtTheDecisionStopsTheRun(self):
+    self._assert_stopped(*self._run(
+        "--num_towers=3", "--max_steps=30", "--inject_nonfinite=nan@2:2",
+        code=_AT_DECISION % "SIGTERM"))
+
+  # SIGTERM while the step is rebuilt: it found no handler of the run's
+  # (exit 143, no line).
+  def testASigtermDuringTheRebuildStopsTheRun(self):
+    self._assert_stopped(*self._run(
+        "--num_towers=3", "--max_steps=30", "--inject_nonfinite=nan@2:2",
+        code=_AT_REBUILD))
+
+  # The record is read back like skips.jsonl: not a file, or not a record,
+  # is refused in one line (a TrainDirError: exit 2), before the graph.
+  def testABadRecordIsRefused(self):
+    for make, problem in (
+        (os.mkdir, "is a directory"),
+        (lambda p: open(p, "w").write('{"towers": [1.5]}'),
+         "is not a quarantine record")):
+      train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+      open(os.path.join(train_dir, "run_summary.json"), "w").close()  # Ours.
+      make(os.path.join(train_dir, quarantine.RECORD))
+      with self.assertRaisesRegex(train_lib.TrainDirError, problem):
+        train_lib.train(_params(train_dir, clear_quarantine=(
+            problem == "is a directory")))
+
+  def _assert_stopped(self, train_dir, result):
+    """A clean stop within a step of the decision (at step 2)."""
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("tower 2 (/device:CPU:2) quarantined", result.stderr)
+    self.assertIn("stopping after this step", result.stderr)
+    self.assertIn("run summary: ", result.stderr.strip().splitlines()[-1])
+    summary = _summary(train_dir)
+    self.assertEqual("interrupted", summary["exit_reason"])
+    self.assertBetween(summary["global_step"], 3, 4)
+    self.assertEqual(summary["global_step"], int(
+        tf1.train.latest_checkpoint(train_dir).rsplit("-", 1)[1]))
+    self.assertEqual(["quarantine.json"], [
+        n for n in os.listdir(train_dir) if n.startswith("quarantine")])
 
 
 if __name__ == "__main__":

@@ -95,6 +95,13 @@ def _flags_tables(text):
       r"<!-- flags-table: (\w+) -->\n(.*?)<!-- /flags-table -->", text, re.S))
 
 
+def _consumer_copy_line(text):
+  """The files the `cp` line after the consumer-files marker copies."""
+  match = re.search(r"<!-- consumer-files -->\s*```sh\n(?:.*\n)*?\s*cp (.*) \S+\n",
+                    text)
+  return match.group(1).split() if match else None
+
+
 def _words(text):
   return " ".join(text.split())
 
@@ -227,6 +234,37 @@ class ReadmeTest(tf.test.TestCase):
         with self.subTest(page=page, path=path):
           self.assertTrue(
               os.path.exists(os.path.join(_source_root(), path)), path)
+
+  def testTheBazelConsumersReadmeCopiesWhatCiCopies(self):
+    # .ci/run copies the example out of the repository and runs it there:
+    # the files its README's `cp` line names, which must be every file the
+    # example has but that README (a file left out would work in place and
+    # not in a user's copy).
+    consumer = os.path.join(_source_root(), "examples", "bazel_consumer")
+    copied = _consumer_copy_line(
+        _read("examples/bazel_consumer/README.md", _source_root()))
+    self.assertIsNotNone(copied)
+    self.assertCountEqual(
+        copied, [n for n in os.listdir(consumer) if n != "README.md"])
+    ci = re.search(r"(?m)^consumer_files=\((.*)\)$",
+                   _read(".ci/run", _source_root()))
+    self.assertIsNotNone(ci)
+    self.assertEqual(copied, ci.group(1).split())
+    workspace = _read("examples/bazel_consumer/WORKSPACE", _source_root())
+    self.assertRegex(workspace, r'(?m)^TF1_SAFE_TRAIN = "\.\./\.\."$')
+
+  def testEveryBinaryRunsFromAnotherWorkspace(self):
+    # Without --incompatible_default_to_explicit_init_py (another
+    # workspace's default), a py_binary's runfiles get an empty __init__.py
+    # in the directory of the repository, named tf1_safe_train, which
+    # `import tf1_safe_train` then finds (examples/bazel_consumer/BUILD).
+    for build in ("tf1_safe_train/BUILD", "examples/bazel_consumer/BUILD"):
+      blocks = re.findall(r"(?ms)^py_binary\((.*?)^\)",
+                          _read(build, _source_root()))
+      self.assertNotEmpty(blocks, build)
+      for block in blocks:
+        with self.subTest(build=build, binary=block.split("\n")[1].strip()):
+          self.assertIn("legacy_create_init = False,", block)
 
   def testLayoutPageNamesEveryModule(self):
     # docs/layout.md's tree is the map a reader starts from: a module added

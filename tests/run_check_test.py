@@ -10,6 +10,7 @@ that executes no guarded step; never with `check_runs=False`; and it adds
 nothing a step executes.
 """
 
+import re
 from unittest import mock
 
 import tensorflow as tf
@@ -210,9 +211,10 @@ class RunCheckTest(tf.test.TestCase):
         self.assertEqual(walks + 1, check.walks)
         for _ in range(2):
           sess.run([train_op, loss], feed)
+          # The same ops in another structure: not walked again.
           sess.run({"loss": loss, "train": [train_op]}, feed)
           sess.run(loss, feed)
-        self.assertEqual(walks + 4, check.walks)
+        self.assertEqual(walks + 3, check.walks)
 
   def testGoodStepsExecuteTheSameNodes(self):
     counts = []
@@ -226,6 +228,114 @@ class RunCheckTest(tf.test.TestCase):
           counts.append(executed_ops.executed_nodes(
               sess, train_op, {x: test_util.GOOD_X}))
     self.assertEqual(counts[0], counts[1])
+
+
+def _step_and_lr(strict):
+  """The README's one line over a learning rate the script sets itself:
+  (x, opt, train_op, loss, var_list, lr)."""
+  x = tf1.placeholder(tf.float32, [3], name="x")
+  loss, var_list = test_util.model(x)
+  global_step = tf1.train.get_or_create_global_step()
+  lr = tf1.Variable(0.1, trainable=False, name="learning_rate")
+  opt = optimizer_lib.SkipNonFiniteOptimizer(
+      tf1.train.MomentumOptimizer(lr, momentum=0.9), strict=strict)
+  train_op = opt.minimize(loss, global_step=global_step)
+  return x, opt, train_op, loss, var_list, lr
+
+
+def _advised_line(message):
+  """The `x = y.protect(x)` line a warning or refusal says to add."""
+  return re.search(r"`(\w+ = [\w.]+\.protect\(\w+\))`", message).group(1)
+
+
+class OtherFetchesTest(tf.test.TestCase):
+  """Issue 32, item 10: what another fetch of the run writes."""
+
+  def _run_with(self, other_fetch, strict):
+    with tf.Graph().as_default():
+      x, _, train_op, loss, _, lr = _step_and_lr(strict)
+      other = other_fetch(loss, lr)
+      with tf1.Session() as sess:
+        sess.run([tf1.global_variables_initializer(),
+                  tf1.local_variables_initializer()])
+        with self.assertLogs(level="WARNING") as logs:
+          tf1.logging.warning("a line, so that assertLogs has one")
+          for _ in range(2):
+            sess.run([train_op, other], {x: test_util.GOOD_X})
+      return _told(logs)
+
+  def testAMetricAndASetLearningRateAreTheScriptsOwn(self):
+    # sess.run([train_op, metric_update]) with tf.compat.v1.metrics.mean,
+    # sess.run([train_op, tf.compat.v1.assign(lr, lr_value)]): neither is
+    # refused (strict) nor told; they read nothing the step writes.
+    variants = {
+        "metric": lambda loss, lr: tf1.metrics.mean(loss)[1],
+        "learning_rate": lambda loss, lr: tf1.assign(lr, 0.05),
+    }
+    for name, other_fetch in variants.items():
+      for strict in (True, False):
+        with self.subTest(name=name, strict=strict):
+          self.assertEqual([], self._run_with(other_fetch, strict))
+
+  def testAnotherFetchReadingTheStepIsToldAndTheAdviceDoesNotLoop(self):
+    # An EMA fetched beside the train op reads the weights the step writes:
+    # it moves on a skipped step. The advice names it; followed literally,
+    # the run is not refused again, and a skip leaves the EMA as it was.
+    for v2, resource in ((True, True), (False, True), (False, False)):
+      with self.subTest(control_flow_v2=v2, resource_variables=resource), \
+          tf.Graph().as_default(), test_util.tf_config(v2, resource):
+        x, opt, train_op, _, var_list, _ = _step_and_lr(strict=True)
+        ema = tf1.train.ExponentialMovingAverage(0.9)
+        ema_op = ema.apply(var_list)
+        with tf1.Session() as sess:
+          sess.run(tf1.global_variables_initializer())
+          with self.assertRaisesRegex(
+              ValueError, r"`ema_op` \('ExponentialMovingAverage'\), "
+              r"fetched with the train op, writes 2 variable\(s\).*"
+              r"model/b/ExponentialMovingAverage") as refused:
+            sess.run([train_op, ema_op], {x: test_util.GOOD_X})
+          line = _advised_line(str(refused.exception))
+          self.assertEqual("ema_op = opt.protect(ema_op)", line)
+          names = {"opt": opt, "ema_op": ema_op}
+          exec(line, {}, names)  # pylint: disable=exec-used
+          ema_op = names["ema_op"]
+          sess.run(tf1.global_variables_initializer())
+          sess.run([train_op, ema_op], {x: test_util.GOOD_X})  # Not refused.
+          averages = [ema.average(v) for v in var_list]
+          before = sess.run(averages)
+          sess.run([train_op, ema_op], {x: test_util.NAN_X})  # Skipped.
+          for was, kept in zip(before, sess.run(averages)):
+            self.assertAllEqual(was, kept)
+
+
+class CheckCostTest(tf.test.TestCase):
+  """Issue 32, item 10: the check's cost when fetches change every run."""
+
+  def testAStructureChangingEveryRunIsWalkedOnce(self):
+    with tf.Graph().as_default() as graph:
+      x, _, train_op, loss = _ema_step(protect=True)
+      check = run_check.graph_check(graph)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        walks = check.walks
+        for i in range(20):  # A dict of new keys for every run.
+          sess.run({"loss_%d" % i: loss, "train": train_op},
+                   {x: test_util.GOOD_X})
+        self.assertEqual(walks + 1, check.walks)
+
+  def testNewFetchOpsEveryRunStopBeingWalkedWithOneLine(self):
+    with tf.Graph().as_default() as graph, mock.patch.object(
+        run_check, "_MAX_CACHED", 3):
+      x, _, train_op, loss = _ema_step(protect=True)
+      check = run_check.graph_check(graph)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertLogs(level="WARNING") as logs:
+          for _ in range(8):  # A new op for every run.
+            sess.run([train_op, tf.identity(loss)], {x: test_util.GOOD_X})
+        self.assertEqual(3, check.walks)
+    said = [l for l in logs.output if "checks no new one" in l]
+    self.assertLen(said, 1, logs.output)
 
 
 class TrainerTest(tf.test.TestCase):

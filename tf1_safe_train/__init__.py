@@ -49,17 +49,19 @@ __all__ = sorted(list(_EXPORTS) + list(_MODULES))
 
 # TensorFlow is not a requirement of the pip package (pyproject.toml says
 # why), so a virtualenv without it is told here what to install, rather
-# than meeting "No module named 'tensorflow'" deep inside a module.
-_NO_TENSORFLOW = (
+# than meeting "No module named 'tensorflow'" deep inside a module (and the
+# binaries print it in one line: cli.import_tensorflow).
+INSTALL_TENSORFLOW = (
+    "pip install tensorflow-cpu==2.21.* or 'tensorflow[and-cuda]==2.21.*' "
+    "(or the extra tf1_safe_train[cpu] or [gpu])")
+NO_TENSORFLOW = (
     "tf1_safe_train needs TensorFlow (2.21 is the version tested), which "
-    "this Python does not have: pip install tensorflow-cpu==2.21.* or "
-    "'tensorflow[and-cuda]==2.21.*' (or the extra tf1_safe_train[cpu] or "
-    "[gpu])")
+    "this Python does not have: " + INSTALL_TENSORFLOW)
 
 
 def _load(module):
   if importlib.util.find_spec("tensorflow") is None:
-    raise ImportError(_NO_TENSORFLOW, name="tensorflow")
+    raise ImportError(NO_TENSORFLOW, name="tensorflow")
   return importlib.import_module(module)
 
 

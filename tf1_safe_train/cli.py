@@ -6,6 +6,7 @@ binaries parse their flags before TensorFlow is imported, so a bad flag fails
 at once and without TensorFlow's start-up messages.
 """
 
+import importlib.util
 import logging
 import math
 import os
@@ -14,6 +15,9 @@ import sys
 
 from absl import flags
 from absl import logging as absl_logging
+
+import tf1_safe_train
+from tf1_safe_train import console
 
 EXIT_BAD_INPUT = 2
 _HELP_FLAGS = frozenset(["-?", "-h", "--help", "--helpshort", "--helpfull",
@@ -90,6 +94,7 @@ def flags_parser(program):
   """Returns an absl `flags_parser` that reports bad flags in one line."""
 
   def parse(argv):
+    console.name_the_command(program)  # Before --help prints it.
     try:
       rest = flags.FLAGS(argv)
     except flags.Error as e:
@@ -226,7 +231,17 @@ def import_tensorflow(default_verbosity=absl_logging.INFO):
   verbosity = absl_logging.get_verbosity()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", _cpp_min_log_level(
       verbosity if given else absl_logging.WARNING))
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    # The pip package does not require TensorFlow (pyproject.toml): one
+    # line saying what to install, not the import's traceback.
+    program = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    if importlib.util.find_spec("tensorflow") is None:
+      fail(program, tf1_safe_train.NO_TENSORFLOW)
+    fail(program, "TensorFlow is installed but cannot be imported (%s: %s); "
+         "reinstall the one tf1_safe_train is tested with (2.21): %s" % (
+             type(e).__name__, e, tf1_safe_train.INSTALL_TENSORFLOW))
   # TF's own handler would print every record a second time next to absl's.
   tf.get_logger().handlers = []
   if verbosity < absl_logging.INFO or not given:

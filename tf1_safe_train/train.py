@@ -17,6 +17,7 @@ from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
+from tf1_safe_train import console
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.trainer import crash_report
@@ -282,8 +283,10 @@ def parse_flags(argv):
     cli.fail(_PROGRAM, "%s is tf_cnn_benchmarks' flag; here use %s" %
              foreign)
   if any(arg.split("=")[0] in _SHORT_HELP for arg in arguments):
+    usage = __doc__.replace("./bazelw run //:train --",  # As it was run.
+                            console.command(_PROGRAM))
     sys.stdout.write("%s\nflags of %s, by concept:\n%s" % (
-        __doc__, os.path.abspath(__file__), flag_groups.help_text(_SPECS)))
+        usage, os.path.abspath(__file__), flag_groups.help_text(_SPECS)))
     sys.exit(0)
   return cli.flags_parser(_PROGRAM)(argv)
 

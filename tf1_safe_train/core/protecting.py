@@ -12,6 +12,7 @@ import tensorflow as tf
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import loss_scale_stacking
 from tf1_safe_train.core import rollback
+from tf1_safe_train.core import run_advice
 
 tf1 = tf.compat.v1
 
@@ -67,9 +68,12 @@ class Protecting(object):
         loss_scale_stacking.loss_scale_cond_writes(ops),
         self._step_roots, name)
     self._note_own_variables(known)
+    run_advice.note_protected(protected)
     if isinstance(op, tf.Tensor):
       with tf1.control_dependencies([protected]):
-        return tf.identity(op, name=name + "_value")
+        value = tf.identity(op, name=name + "_value")
+      run_advice.note_protected(value.op)
+      return value
     return protected
 
   def _note_own_variables(self, known):

@@ -8,8 +8,11 @@ run paths: `BaseSession.run` (plain loops, `MonitoredTrainingSession`,
 first time a graph's session runs a distinct set of fetches and feeds that
 executes a watched step, `write_check.findings` is told (`run_advice`):
 writes outside the decision, several guarded steps in one run, a
-global_step advanced twice. Every later run of those fetches pays a dict
-lookup; graphs without a watched step pay one attribute lookup.
+global_step advanced twice; a run of no step that writes statistics a skip
+restores is told too. Every later run of those fetches pays a dict
+lookup (a new structure over the same ops, a set lookup; past
+`_MAX_CACHED` sets, new ones are not walked); graphs without a watched step
+pay one attribute lookup.
 """
 
 import functools
@@ -22,12 +25,14 @@ from tensorflow.python.client import session as session_lib  # pylint: disable=g
 
 from tf1_safe_train.core import fetch_gate
 from tf1_safe_train.core import run_advice
+from tf1_safe_train.core import user_words
 from tf1_safe_train.core import write_check
 
 # Graph attribute: the graph's `GraphCheck`.
 _ATTRIBUTE = "_tf1_safe_train_run_check"
-# Distinct fetch sets remembered per graph (a loop runs a few; the bound
-# only keeps a caller that builds new ops for every run from growing it).
+# Distinct fetch sets (ops and fed names) walked per graph: a loop runs a
+# few; past the bound new ones are not checked (a caller that builds new
+# ops for every run would otherwise pay a walk of the graph at every run).
 _MAX_CACHED = 256
 
 _install_lock = threading.Lock()
@@ -109,19 +114,30 @@ def _fed_names(feeds):
 
 
 class GraphCheck(object):
-  """The watched steps of one graph and the fetch sets already checked."""
+  """The watched steps of one graph and the fetch sets already checked.
+
+  A run is looked up by the structure of its fetches and feeds (cheap); a
+  new structure is resolved to the ops it fetches, and only a new set of
+  ops (with its fed names) is walked. Past `_MAX_CACHED` such sets, new
+  ones are not checked (said once): a loop that builds new fetch ops for
+  every run would otherwise walk the graph at every run.
+  """
 
   def __init__(self):
     self.steps = []
     # The number of walks (distinct fetch sets checked): for tests.
     self.walks = 0
-    self._checked = {}
+    self._checked = {}  # Structure key -> True.
+    self._walked = set()  # (fetched ops, caller's ops, fed names).
+    self._full = False  # Past `_MAX_CACHED` walks (said once).
     self._lock = threading.Lock()
 
   def add(self, step):
     with self._lock:
       self.steps.append(step)
-      self._checked.clear()  # A checked run may execute the new step.
+      # A checked run may execute the new step.
+      self._checked.clear()
+      self._walked.clear()
 
   def before_run(self, graph, fetches, feeds):
     """Checks a run of `fetches` with `feeds` (keys) the first time only."""
@@ -129,28 +145,47 @@ class GraphCheck(object):
     if key not in self._checked:
       self._first_run(key, graph, fetches, feeds)
 
+  def _remember(self, key):
+    if len(self._checked) >= 4 * _MAX_CACHED:
+      self._checked.clear()  # Rebuilt from `_walked` at a dict's cost.
+    self._checked[key] = True
+
   def _first_run(self, key, graph, fetches, feeds):
     with self._lock:
       if key in self._checked:
         return
-      self.walks += 1
       ops = _fetched_ops(graph, fetches)
       # A MonitoredSession runs {"caller": fetches, hook: its fetches}.
       callers = (_fetched_ops(graph, fetches["caller"])
                  if isinstance(fetches, dict) and "caller" in fetches
                  else None)
+      fed = _fed_names(feeds)
+      walk_key = (frozenset(ops), frozenset(callers or ()), fed)
+      if walk_key in self._walked:
+        self._remember(key)
+        return
+      if len(self._walked) >= _MAX_CACHED:
+        self._remember(key)
+        if not self._full:
+          self._full = True
+          logging.warning(
+              "tf1_safe_train: the first-run check has checked %d distinct "
+              "fetch sets of this graph and checks no new one (a loop that "
+              "builds new fetch ops for every run?)", _MAX_CACHED)
+        return
+      self.walks += 1
       try:
-        found = write_check.findings(ops, self.steps, _fed_names(feeds),
-                                     callers=callers)
+        found = write_check.findings(ops, self.steps, fed, callers=callers)
       except Exception as e:  # pylint: disable=broad-except
         self._not_analysed(ops, feeds, e)
-        self._checked[key] = True
+        self._walked.add(walk_key)
+        self._remember(key)
         return
       # Raises if strict (not remembered: the next run is refused too).
-      run_advice.tell(ops, found, any(s.strict for s in found.steps))
-      if len(self._checked) >= _MAX_CACHED:
-        self._checked.clear()
-      self._checked[key] = True
+      run_advice.tell(ops, found, any(s.strict for s in found.steps),
+                      self.steps)
+      self._walked.add(walk_key)
+      self._remember(key)
 
   def _not_analysed(self, ops, feeds, error):
     """Says that a run the walk could not read is not checked.
@@ -235,6 +270,7 @@ def watch(step):
     step: a `write_check.Step`.
   """
   install()
+  user_words.note_holder(step)
   graph = step.applied.graph
   check = graph_check(graph)
   if check is None:

@@ -6,24 +6,24 @@ in its apply branch, the rolled-back statistics and `protect()`ed ops. An
 an update op grouped after `apply_gradients`, still writes on a skipped step.
 `unguarded_writes` names those variables by walking everything a run of the
 train op executes; `findings` also finds a run of several guarded steps
-(one step counted and decided several times) and a `global_step` that the
-step and the script both advance; `tell` warns once per graph (or, strict,
-refuses the run).
+(one step counted and decided several times), a `global_step` that the
+step and the script both advance, another fetch of the run whose writes
+read what the step writes, and a run of no step that writes statistics a
+skip restores (`run_writes` says whose each write is); `run_advice.tell`
+warns once per graph (or, strict, refuses the run).
 """
 
 import collections
-import re
 
 import tensorflow as tf
 # Only to keep GUARD_RESULTS out of exported meta graphs (see below).
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
-from tf1_safe_train.core import cond_walk
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import fetch_gate
 from tf1_safe_train.core import loss_scale_stacking
 from tf1_safe_train.core import run_advice
-from tf1_safe_train.core import shadows as shadows_lib
+from tf1_safe_train.core import run_writes
 
 tf1 = tf.compat.v1
 
@@ -35,68 +35,42 @@ GUARD_RESULTS = "tf1_safe_train_guard_results"
 tf_ops.register_proto_function(
     GUARD_RESULTS, to_proto=lambda result, export_scope=None: None)
 
-# Ops that write the variable (ref or resource handle) of their first input:
-# assigns, scatters, optimizers' apply kernels.
-_WRITE_TYPE = re.compile(
-    r"^(Assign|(Resource)?(Sparse)?Apply|(Resource)?Scatter|"
-    r"(Resource)?StridedSliceAssign)")
-# Ops a variable's ref, handle or value passes through on its way to a write.
-# A flat shadow's restore splits and reshapes it (`shadows`).
-_FORWARDING_TYPES = frozenset([
-    "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter",
-    "ReadVariableOp", "SplitV", "Reshape"])
-
-
-def _origin(tensor, bindings):
-  """The op a tensor comes from, through identities, reads, v1 conds and
-  v2 branch inputs."""
-  return cond_walk.origin(tensor, bindings, through=_FORWARDING_TYPES)
-
-
-def _write(op, bindings=None):
-  """(write op, op of the variable written, op the written value comes from).
-
-  The value's origin tells a rollback (a variable assigned from its shadow)
-  from any other write.
-  """
-  bindings = {} if bindings is None else bindings
-  return (op, _origin(op.inputs[0], bindings),
-          _origin(op.inputs[1], bindings) if len(op.inputs) > 1 else None)
-
-
-def _v2_cond_writes(cond):
-  """`_write`s of a v2 cond's branches, nested, in `cond`'s graph's terms."""
-  if cond_walk.branch_graphs(cond) is None:
-    return []
-  bindings = {}
-  return [_write(op, bindings)
-          for op in cond_walk.branch_ops(cond, bindings)
-          if _WRITE_TYPE.match(op.type) and op.inputs]
-
-
-def decision_contexts(decisions):
-  """The v1 cond branch contexts of `decisions` (their `applied` tensors).
-
-  A v2 decision (an `If` op) has none: its branches are functions, which the
-  walk of `unguarded_writes` does not enter.
-  """
-  contexts = set()
-  for applied in decisions:
-    if applied.op.type in ("Merge", "RefMerge"):
-      for branch in applied.op.inputs:
-        context = branch.op._get_control_flow_context()  # pylint: disable=protected-access
-        if context is not None:
-          contexts.add(context)
-  return contexts
+_WRITE_TYPE = run_writes.WRITE_TYPE
+_origin = run_writes.origin
+decision_contexts = run_writes.decision_contexts
 
 
 def handled_variable_names(graph):
-  """Names of variables a skip accounts for: global_step and the counters."""
+  """Names of variables a skip accounts for: global_step, the counters, and
+  metrics' (`tf.compat.v1.metrics` totals and counts, which Keras' metrics
+  also keep: a metric counts what was run, skipped steps too)."""
   names = set(v.op.name for v in
               graph.get_collection(tf1.GraphKeys.GLOBAL_STEP))
   names.update(v.op.name for v in graph.get_collection(
       counters_lib.COLLECTION))
+  names.update(v.op.name for v in graph.get_collection(
+      tf1.GraphKeys.METRIC_VARIABLES))
   return names
+
+
+def _names(graph, writes, handled, left):
+  """Sorted names of what `writes` write, but `handled` (names) and `left`
+  (variable ops): variables, or "<op name> (writes <target>)" for a target
+  that is not a graph variable."""
+  variables = {v.op: v for v in
+               graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
+               graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
+  found = set()
+  for w in writes:
+    if w.target in left:
+      continue
+    if w.target in variables:
+      name = variables[w.target].op.name
+      if name not in handled:
+        found.add(name)
+    elif w.target.name not in handled:
+      found.add("%s (writes %s)" % (w.op.name, w.target.name))
+  return sorted(found)
 
 
 def unguarded_writes(ops, decisions, handled_names=(), fed=frozenset()):
@@ -116,39 +90,13 @@ def unguarded_writes(ops, decisions, handled_names=(), fed=frozenset()):
   if not ops:
     return []
   graph = ops[0].graph
-  inside = decision_contexts(decisions)
-  handled = (handled_variable_names(graph) | set(handled_names) |
-             loss_scale_stacking.loss_scale_cond_writes(ops, fed))
-  variables = {v.op: v for v in
-               graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
-               graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
-  # A v2 decision's branches are functions: not entered, all inside.
-  decision_ops = set(a.op for a in decisions)
-  decision_ops.update(a.op.inputs[0].op for a in decisions
-                      if a.op.type == "Identity")
-  writes = []
-  for op in fetch_gate.ancestors(ops, fed):
-    if op.type in cond_walk.V2_COND_OP_TYPES and op not in decision_ops:
-      writes += _v2_cond_writes(op)
-    elif (_WRITE_TYPE.match(op.type) and op.inputs and
-          not any(c in inside for c in cond_walk.contexts(op))):
-      writes.append(_write(op))
+  writes = run_writes.of_run(fetch_gate.ancestors(ops, fed), decisions)
   # A rollback (`protect()`) that this run executes assigns a variable from
   # its shadow: that variable is fine, and so is the shadow's own update.
-  shadows = shadows_lib.shadowed(graph)
-  restored = set(target for _, target, source in writes
-                 if target in shadows.get(source, ()))
-  found = set()
-  for op, target, _ in writes:
-    if target in shadows or target in restored:
-      continue
-    if target in variables:
-      name = variables[target].op.name
-      if name not in handled:
-        found.add(name)
-    elif target.name not in handled:
-      found.add("%s (writes %s)" % (op.name, target.name))
-  return sorted(found)
+  # A script's loss-scale cond writes its scale on the same verdict.
+  handled = (handled_variable_names(graph) | set(handled_names) |
+             loss_scale_stacking.loss_scale_cond_writes(ops, fed))
+  return _names(graph, writes, handled, run_writes.restored(graph, writes))
 
 
 def decisions_run(ops, decisions, fed=frozenset()):
@@ -197,18 +145,25 @@ Attributes:
 """
 
 Findings = collections.namedtuple("Findings", [
-    "steps", "unguarded", "global_steps", "runners"])
+    "steps", "unguarded", "global_steps", "runners", "others", "between"])
+Findings.__new__.__defaults__ = ((), ())
 Findings.__doc__ = """What a run does wrong (`findings`).
 
 Attributes:
   steps: the `Step`s the run executes (several: one step counted several
     times).
-  unguarded: names of the variables it writes outside every decision
-    (`unguarded_writes`).
+  unguarded: names of the variables the fetches that run a step write
+    outside every decision (`unguarded_writes`).
   global_steps: (variable name, [names of the other ops writing it]) for
     each global_step a step advances and the run also writes outside it.
   runners: the fetched ops that execute a step (what the user would
     protect), or all fetched ops if none does.
+  others: (fetched op, [names]) for each other fetch of the run that
+    writes variables from values read from what the steps write (an
+    `ExponentialMovingAverage` fetched beside the train op); their other
+    writes (a metric, a learning rate set by the script) are its own.
+  between: names of the statistics a skip restores that a run of no step
+    writes (an evaluation of a loss between steps, in-place batch norm).
 """
 
 
@@ -228,6 +183,35 @@ def _global_steps_twice(walked, steps):
   return sorted(found.items())
 
 
+def _runners(ops, callers, walks, decided):
+  """The fetched ops that execute a step: the caller's first, if any."""
+  runners = []
+  for candidates in (callers or [], ops):
+    runners = runners or [op for op in candidates if decided & (
+        walks[op] if op in walks else fetch_gate.ancestors([op]))]
+  return runners
+
+
+def _other_fetches(graph, ops, walks, own, writes, handled, left, steps,
+                   fed):
+  """`Findings.others`: other fetches' writes that read what `steps`
+  write (local variables are theirs: a script's own bookkeeping)."""
+  theirs = [w for w in writes if w.at not in own]
+  if not theirs:
+    return []  # The usual run: no walk of the steps.
+  products = run_writes.written_by_steps(steps)
+  handled = handled | set(v.op.name for v in graph.get_collection(
+      tf1.GraphKeys.LOCAL_VARIABLES))
+  theirs = [w for w in theirs if run_writes.reads(w, products, fed)]
+  found = []
+  for op in sorted(set(ops) - set(own), key=lambda o: o.name):
+    names = _names(graph, [w for w in theirs if w.at in walks[op]], handled,
+                   left)
+    if names:
+      found.append((op, names))
+  return found
+
+
 def findings(ops, steps, fed=frozenset(), always=False, callers=None):
   """What a run of `ops` does that a skip cannot undo or count once.
 
@@ -241,26 +225,36 @@ def findings(ops, steps, fed=frozenset(), always=False, callers=None):
       caller's, not its hooks'); default: `ops`.
 
   Returns:
-    `Findings`; all empty for a run that executes none of `steps` (an
-    evaluation run), unless `always`.
+    `Findings`; for a run that executes none of `steps` (an evaluation
+    run), unless `always`, only the restored statistics it writes.
   """
   if not ops:
     return Findings([], [], [], [])
+  graph = ops[0].graph
   walked = fetch_gate.ancestors(ops, fed)
   ran = [s for s in steps if s.applied.op in walked]
+  decisions = [r.applied for r in graph.get_collection(GUARD_RESULTS)]
+  writes = run_writes.of_run(walked, decisions)
   if not (ran or always):
-    return Findings([], [], [], [])
-  decisions = [r.applied for r in ops[0].graph.get_collection(GUARD_RESULTS)]
-  handled = set()
+    between = run_writes.restored_between_steps(graph, writes)
+    return Findings([], [], [], [], between=sorted(v.name for v in between))
+  handled = (handled_variable_names(graph) |
+             loss_scale_stacking.loss_scale_cond_writes(ops, fed))
   for step in steps:
     handled.update(step.handled_names)
+  walks = ({op: fetch_gate.ancestors([op], fed) for op in set(ops)}
+           if len(set(ops)) > 1 else {ops[0]: walked})
   decided = set(s.applied.op for s in ran)
-  runners = []
-  for candidates in (callers or [], ops):
-    runners = runners or [op for op in candidates if ran and
-                          decided & fetch_gate.ancestors([op], fed)]
-  return Findings(ran, unguarded_writes(ops, decisions, handled, fed),
-                  _global_steps_twice(walked, ran), runners or ops)
+  # What the fetches that run a step execute: their writes are the step's.
+  own = (set().union(*[walk for walk in walks.values() if decided & walk])
+         if ran else walked)
+  left = run_writes.restored(graph, writes)
+  return Findings(
+      ran, _names(graph, [w for w in writes if w.at in own], handled, left),
+      _global_steps_twice(walked, ran),
+      _runners(ops, callers, walks, decided) or ops,
+      others=_other_fetches(graph, ops, walks, own, writes, handled, left,
+                            ran, fed) if ran else [])
 
 
 def check(ops, step):

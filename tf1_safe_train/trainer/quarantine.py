@@ -6,18 +6,82 @@ adds one to its count, a checkpointed variable; at K the tower is
 quarantined: the run stops its session and rebuilds the step without it
 (none of its nodes runs, its input is never read), and a restart keeps it
 until `--clear_quarantine`. Reproducible faults (the data) never count.
+
+The decision is durable before it is announced: `<train_dir>/quarantine.json`
+(written atomically and fsynced before the line) lists the quarantined
+towers in the order decided, so a SIGKILL right after the line loses
+nothing, though the counts live only in the checkpoint the segment's end
+writes. A restart (or the rebuild) applies the run's rules to that state:
+the recorded towers, then any other at K, each only while the floor
+(`min_active` towers left) allows, as the run itself would have.
 """
+
+import json
+import os
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import checkpoints
+from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 tf1 = tf.compat.v1
 
 FAULTS = "suspect_faults_by_tower"
+RECORD = "quarantine.json"
+
+
+def _recorded(train_dir, num_towers, clear):
+  """The towers `<train_dir>/quarantine.json` lists, in decision order
+  ([] if `clear`).
+
+  Raises:
+    train_dir_lib.TrainDirError: it is not a file (even if `clear`: it is
+      rewritten), or unreadable, or not a record of ours.
+  """
+  path = os.path.join(train_dir, RECORD)
+  problem = skip_log.file_problem(path)
+  if problem:
+    raise train_dir_lib.TrainDirError(
+        "%s %s: remove it (a run writes a file there)" % (path, problem))
+  if clear:
+    return []
+  try:
+    with open(path) as f:
+      towers = json.load(f).get("towers")
+  except FileNotFoundError:
+    return []
+  except (OSError, ValueError, AttributeError) as e:
+    towers = e
+  if not (isinstance(towers, list) and all(
+      isinstance(t, int) and not isinstance(t, bool) and t >= 0
+      for t in towers)):
+    raise train_dir_lib.TrainDirError(
+        "%s is not a quarantine record (%s); --clear_quarantine starts over"
+        % (path, towers if isinstance(towers, Exception)
+           else "expected {\"towers\": [tower indices]}"))
+  # (Another --num_towers is refused by the checkpoint's own checks.)
+  return [t for t in towers if t < num_towers]
+
+
+def _record(train_dir, towers, devices):
+  """Writes the quarantined `towers` atomically; durable when it returns."""
+  path = os.path.join(train_dir, RECORD)
+  with open(path + ".tmp", "w") as f:
+    json.dump({"towers": list(towers),
+               "devices": [devices[t] for t in towers]}, f, sort_keys=True)
+    f.write("\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(path + ".tmp", path)
+  directory = os.open(train_dir, os.O_RDONLY)
+  try:
+    os.fsync(directory)  # The rename itself.
+  finally:
+    os.close(directory)
 
 
 def _counts_in(train_dir, num_towers):
@@ -43,23 +107,32 @@ class Quarantine(object):
   """
 
   def __init__(self, params, devices, min_active, clear):
-    """Reads the counts (unless `clear`) and logs the startup line.
+    """Reads the record and the counts (unless `clear`), decides as the
+    run did (the module doc), records that and logs the startup line.
 
     Args:
       params: the run's `params.TrainParams` (quarantine_after > 0).
       devices: every tower's device string.
       min_active: never quarantine below this many towers.
-      clear: --clear_quarantine: start from zero counts.
+      clear: --clear_quarantine: start from zero counts, nothing recorded.
     """
     self._after = params.quarantine_after
     self._devices = list(devices)
     self._min_active = min_active
     self._clear = clear
+    self._train_dir = params.train_dir
     num_towers = len(devices)
+    recorded = _recorded(params.train_dir, num_towers, clear)
     counts = ([0] * num_towers if clear
               else _counts_in(params.train_dir, num_towers))
-    self.quarantined = tuple(t for t, c in enumerate(counts)
-                             if c >= self._after)
+    self.quarantined = ()
+    for t in recorded + [t for t, c in enumerate(counts)
+                         if c >= self._after and t not in recorded]:
+      if self._left_if(t, max(counts[t], self._after)):
+        self.quarantined += (t,)
+    if list(self.quarantined) != recorded or (
+        clear and os.path.exists(os.path.join(params.train_dir, RECORD))):
+      _record(params.train_dir, self.quarantined, self._devices)
     self.restart = False
     # Replays a tower gets past --max_explained_skips (this segment): at
     # most K each, whatever their verdicts, so the cost stays bounded.
@@ -71,6 +144,18 @@ class Quarantine(object):
       logging.warning("quarantined towers (--quarantine_after=%d, kept from "
                       "the checkpoint; --clear_quarantine starts over): %s",
                       self._after, self._names(self.quarantined))
+
+  def _left_if(self, tower, faults):
+    """Whether quarantining `tower` (at `faults`) leaves the floor's towers
+    (--min_healthy_towers, at least 2); if not, says so."""
+    left = len(self._devices) - len(self.quarantined) - 1
+    if left >= self._min_active:
+      return True
+    logging.warning(
+        "tower %s: %d faults that did not reproduce, but not quarantined: "
+        "%d towers would be left (--min_healthy_towers, at least 2)",
+        self._names([tower]), faults, left)
+    return False
 
   def _names(self, towers):
     return ", ".join("%d (%s)" % (t, self._devices[t]) for t in towers)
@@ -104,15 +189,11 @@ class Quarantine(object):
     """Counts a fault of `tower` that did not reproduce; at K, quarantines
     it (stops this session: the runner rebuilds the step without it)."""
     counts = run_context.session.run(self._increments[tower])
-    if counts[tower] < self._after or self.restart:
+    if (counts[tower] < self._after or self.restart or
+        not self._left_if(tower, counts[tower])):
       return
-    active = len(self._devices) - len(self.quarantined)
-    if active - 1 < self._min_active:
-      logging.warning(
-          "tower %s: %d faults that did not reproduce, but not quarantined: "
-          "%d towers would be left (--min_healthy_towers, at least 2)",
-          self._names([tower]), counts[tower], active - 1)
-      return
+    # Durable before announced: a kill right after the line keeps it.
+    _record(self._train_dir, self.quarantined + (tower,), self._devices)
     logging.warning(
         "tower %s quarantined: %d faults that did not reproduce on replay "
         "(--quarantine_after=%d); left out of every later step (the step is "

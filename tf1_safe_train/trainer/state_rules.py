@@ -6,7 +6,7 @@ a restart), and what a restart rebuilds. `checkpoint_rollback.RollbackHook`
 restores every variable but the ones `kept_on_rollback` names, and refuses
 to build if a counter of the step is in no rule; docs/trainer.md's table
 ("What a restart and a rollback keep") is this list, word for word
-(`tests/state_rules_test.py`). A restart applies the same rules as the run
+(`tests/checkpoint_rollback_test.py::StateRulesTest`). A restart applies the same rules as the run
 that wrote the state: the history is in every checkpoint.
 """
 
@@ -46,8 +46,11 @@ _RERUN = ("reliability_rollback_test.py::TowerHistoryRollbackTest::"
           "testARerunOfTheFinishedRunKeepsTheRollbackFields")
 _GAVE_UP = ("reliability_rollback_test.py::SigkillAtRollbackTest::"
             "testSigkillAtAndAfterTheRollbackThenResumeToTheEnd")
-# Another change makes the quarantine durable across restarts; its test.
-_QUARANTINE_RESTART = "QUARANTINE_RESTART_TEST (to be named)"
+_ACROSS = "quarantine_test.py::AcrossRestartsTest::"
+_QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
+_QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"
+_REBUILT_INPUT = _ACROSS + "testTheRebuiltInputFeedsNoExampleTwice"
+_SIGNAL_REBUILD = _ACROSS + "testASigtermDuringTheRebuildStopsTheRun"
 
 RULES = (
     Rule("the model: weights, optimizer slots, moving statistics, shadows, "
@@ -67,8 +70,11 @@ RULES = (
     Rule("`rejected_by_tower` (`--skip_unit=tower`)", ("rejected_by_tower",),
          "kept", "kept (history)", (_TOWERS,)),
     Rule("`suspect_faults_by_tower` and the quarantined towers "
-         "(`--quarantine_after`)", ("suspect_faults_by_tower",),
-         "kept (history)", "kept (history)", (_TOWERS, _QUARANTINE_RESTART)),
+         "(`--quarantine_after`; the decision in `quarantine.json`, "
+         "written before its line)", ("suspect_faults_by_tower",),
+         "kept (history), judged again under the same K and floor",
+         "kept (history)",
+         (_TOWERS, _QUARANTINE_RESTART, _QUARANTINE_FLOOR)),
     Rule("`consecutive_skips` (the streak)", ("consecutive_skips",),
          "kept", "reset to 0", (_THIRD,)),
     Rule("the rollbacks' own state: `rollbacks`, `rolled_back_steps`, "
@@ -80,7 +86,13 @@ RULES = (
     Rule("the input's position", (),
          "rebuilt: read from the start, the excluded examples (reproducible "
          "skips, rollback windows) dropped",
-         "kept: the window's batches are not fed again", (_RESTART,)),
+         "kept: the window's batches are not fed again; a quarantine's "
+         "in-process rebuild continues past the batches already read",
+         (_RESTART, _REBUILT_INPUT)),
+    Rule("a stop signal (SIGTERM, Ctrl-C)", (),
+         "ends the run: a final checkpoint, `exit_reason: interrupted`",
+         "ends the run, also during a quarantine's rebuild",
+         (_SIGNAL_REBUILD,)),
     Rule("`skips.jsonl`, `rollback_windows.jsonl`, `skips/` (files)", (),
          "kept", "kept (a rollback appends its window first)", (_RESTART,)),
     Rule("the last good checkpoint (the give-up line's)", (),

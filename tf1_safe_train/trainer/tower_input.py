@@ -26,8 +26,9 @@ INPUT_DEVICE = "/device:CPU:0"
 EXAMPLE_IDS_COLLECTION = "tf1_safe_train_example_ids"
 
 
-def _iterator(params, worker_index, dataset_fn, exclude_ids):
-  """The iterator of (images, labels, example ids) batches."""
+def _iterator(params, worker_index, dataset_fn, exclude_ids, skip_batches):
+  """The iterator of (images, labels, example ids) batches, past the first
+  `skip_batches` (read by an earlier segment of the process: `segments`)."""
   with tf.device(INPUT_DEVICE), tf1.name_scope("input"):
     # Each worker of a cluster shuffles its own way (worker 0 as alone).
     seed = params.seed + worker_index
@@ -39,6 +40,8 @@ def _iterator(params, worker_index, dataset_fn, exclude_ids):
       dataset = data.exclude(data.with_ids(dataset_fn(params.batch_size,
                                                        seed)),
                              exclude_ids, params.batch_size)
+    if skip_batches:
+      dataset = dataset.skip(skip_batches)
     return tf1.data.make_one_shot_iterator(dataset)
 
 
@@ -50,8 +53,9 @@ class TowerInput(object):
   """
 
   def __init__(self, params, worker_index, num_towers, dataset_fn=None,
-               exclude_ids=()):
-    self._iterator = _iterator(params, worker_index, dataset_fn, exclude_ids)
+               exclude_ids=(), skip_batches=0):
+    self._iterator = _iterator(params, worker_index, dataset_fn, exclude_ids,
+                               skip_batches)
     self._first = None
     with tf.device(INPUT_DEVICE):
       self.store = batch_store.BatchStore(self._iterator.element_spec,

@@ -11,7 +11,6 @@ MonitoredSession until the run ends and writes
 import contextlib
 import time
 
-from absl import logging
 import tensorflow as tf
 
 from tf1_safe_train import data
@@ -19,7 +18,6 @@ from tf1_safe_train.trainer import checkpoint_fit
 from tf1_safe_train.trainer import checkpoint_rollback
 from tf1_safe_train.trainer import checkpoint_rollback_target
 from tf1_safe_train.trainer import checkpoints
-from tf1_safe_train.trainer import exclusion
 from tf1_safe_train.trainer import finite_state
 from tf1_safe_train.trainer import forensics
 from tf1_safe_train.trainer import hooks as hooks_lib
@@ -28,7 +26,7 @@ from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import quarantine as quarantine_lib
 from tf1_safe_train.trainer import run_summary
-from tf1_safe_train.trainer import stop_signals
+from tf1_safe_train.trainer import segments as segments_lib
 from tf1_safe_train.trainer import tower_report
 from tf1_safe_train.trainer import tower_unit
 from tf1_safe_train.trainer import train_dir as train_dir_lib
@@ -79,23 +77,28 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
   # second trainer is refused at once) to the end of the last segment.
   with (train_dir_lib.lock(params.train_dir) if chief
         else contextlib.nullcontext()):
+    strategy = strategy or local_replication.Local(params)
+    # A tower quarantined ends a segment: the step is rebuilt without it
+    # (`segments`: what goes on across the rebuild).
+    segments = segments_lib.Segments(params, strategy, dataset_fn)
     clear = params.clear_quarantine
-    while True:
-      # A tower quarantined ends a segment: the step is rebuilt without it,
-      # from the checkpoint the segment's end saved (`quarantine`).
-      summary, restart = _train(params, extra_hooks, dataset_fn, strategy,
-                                criteria, clear)
-      if not restart:
-        return summary
-      clear = False
+    try:
+      while True:
+        summary, restart = _train(params, extra_hooks, dataset_fn, strategy,
+                                  criteria, clear, segments)
+        if not restart:
+          return summary
+        clear = False
+    finally:
+      segments.uninstall_signals()
 
 
-def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
-  """`train`'s one segment: (run summary, restart: a tower quarantined)."""
-  strategy = strategy or local_replication.Local(params)
+def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear,
+           segments):
+  """`train`'s one segment: (run summary, whether the step is rebuilt: a
+  tower quarantined, no signal)."""
   strategy.start()
   start = time.time()
-  exclude_ids, excluded = _excluded_examples(params, dataset_fn)
   quarantine = (quarantine_lib.Quarantine(
       params, strategy.tower_devices(), max(2, tower_unit.min_healthy(
           params.min_healthy_towers, params.num_towers)), clear)
@@ -104,16 +107,18 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
     tf1.set_random_seed(params.seed)
     with strategy.device():
       step = train_step.build_step(
-          params, strategy, dataset_fn=dataset_fn, exclude_ids=exclude_ids,
-          criteria=criteria,
+          params, strategy, dataset_fn=dataset_fn,
+          exclude_ids=segments.exclude_ids, criteria=criteria,
+          skip_batches=segments.batches_read,
           quarantined=quarantine.quarantined if quarantine else ())
       strategy.after_build(step)
       if quarantine:
         quarantine.build(strategy.tower_config.variables_device())
-    run = _RunHooks(params, step, strategy, start, excluded,
-                    describe_id=lambda i: data.describe_id(
-                        params.dataset if dataset_fn is None
-                        else "dataset_fn", i), quarantine=quarantine)
+    run = segments.run = _RunHooks(
+        params, step, strategy, start, segments,
+        describe_id=lambda i: data.describe_id(
+            params.dataset if dataset_fn is None else "dataset_fn", i),
+        quarantine=quarantine)
     run_hooks = run.in_order(extra_hooks)
     resume = None
     if strategy.is_chief:
@@ -122,24 +127,12 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear):
     saver = _saver(params, step, run.state_check, run.state_hook, resume)
     if isinstance(run.give_up, checkpoint_rollback.RollbackHook):
       run.give_up.attach(resume)
-    _run_steps(step, strategy, tf1.train.Scaffold(saver=saver), run,
-               run_hooks)
+    rebuild = _run_steps(step, strategy, tf1.train.Scaffold(saver=saver),
+                         run, run_hooks, segments, quarantine)
     summary = run.summary()
     if strategy.is_chief:  # Under the lock, as every write of the run.
       run_summary.write(params.train_dir, summary)
-  return summary, bool(quarantine and quarantine.restart)
-
-
-def _excluded_examples(params, dataset_fn):
-  """(ids the input drops, counts by reason): the startup exclusion."""
-  exclude_ids, excluded = exclusion.excluded(
-      params.train_dir if params.exclude_reproducible_skips else None,
-      None if dataset_fn else lambda: data.split_ids(
-          params.dataset, "train", params.data_dir), params.batch_size)
-  line = exclusion.describe(excluded)
-  if line:
-    logging.info(line)
-  return exclude_ids, excluded
+  return summary, rebuild
 
 
 class _RunHooks(object):
@@ -149,11 +142,11 @@ class _RunHooks(object):
   variables must exist when the saver lists the variables.
   """
 
-  def __init__(self, params, step, strategy, start, excluded, describe_id,
+  def __init__(self, params, step, strategy, start, segments, describe_id,
                quarantine):
     self._params, self._step, self._strategy = params, step, strategy
     self.quarantine = quarantine
-    self._start, self._excluded = start, excluded
+    self._start, self._excluded = start, segments.excluded
     self.first_step_time = None
     is_chief = strategy.is_chief
     self.explain = forensics.ForensicsHook(
@@ -178,11 +171,7 @@ class _RunHooks(object):
     self.give_up = checkpoint_rollback.give_up_hook(
         params, step.loss_scale.floor_skips if step.loss_scale
         else step.counters.consecutive_skips, step)
-    self.on_signal = stop_signals.StopOnSignalHook(
-        on_abort=lambda reason: is_chief and stop_signals.write_abort_summary(
-            params.train_dir, self.summary("aborted"), reason),
-        liveness=strategy.liveness,
-        stop_grace_secs=strategy.stop_grace_secs)
+    self.on_signal = segments.on_signal  # The process's (`segments`).
     self.state_check = finite_state.FiniteStateCheck()
     self.state_hook = finite_state.NonFiniteStateHook(
         self.state_check, step.step_index, step.applied,
@@ -248,10 +237,13 @@ def _saver(params, step, state_check, state_hook, resume):
           params, step.variables["counters"].applied_steps))
 
 
-def _run_steps(step, strategy, scaffold, run, run_hooks):
-  """Runs the step until the session stops (max_steps, a stop, a signal)."""
+def _run_steps(step, strategy, scaffold, run, run_hooks, segments,
+               quarantine):
+  """Runs the step until the session stops (max_steps, a stop, a signal);
+  returns whether the step is rebuilt (`quarantine`d a tower, no signal)."""
   on_signal = run.on_signal
-  on_signal.install()
+  segments.install_signals()
+  rebuild = False
   try:
     # A skip's record is appended before a checkpoint covering its step.
     with strategy.session(scaffold, run_hooks,
@@ -263,8 +255,14 @@ def _run_steps(step, strategy, scaffold, run, run_hooks):
           run.first_step_time = time.time()
     on_signal.stop_liveness()  # The ps tasks exit once all are done.
     strategy.finish()
+    rebuild = segments.segment_ended(
+        run.stats.steps_run, strategy.tower_config.num_towers - len(
+            quarantine.quarantined if quarantine else ()),
+        bool(quarantine and quarantine.restart))
   finally:
-    on_signal.uninstall()
+    if not rebuild:
+      segments.uninstall_signals()
+  return rebuild
 
 
 def _summary(params, stats, give_up, on_signal, nonfinite, first_step_time,

@@ -130,7 +130,7 @@ def _optimizer(params, state):
 
 
 def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
-                  dataset_fn, exclude_ids, quarantined, replays):
+                  dataset_fn, exclude_ids, quarantined, replays, skip_batches):
   """Every tower's input, loss and gradients, averaged: `Towers` (with
   replay probes if `replays`)."""
   config = strategy.tower_config
@@ -138,7 +138,8 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
   drill = drill_lib.Drill.of(params, num_towers, strategy.num_workers)
   model_fn = models.get_model(params.model)
   tower_inputs = tower_input.TowerInput(params, strategy.worker_index,
-                                        num_towers, dataset_fn, exclude_ids)
+                                        num_towers, dataset_fn, exclude_ids,
+                                        skip_batches)
   devices = strategy.tower_devices()
   probes = {}
 
@@ -216,7 +217,7 @@ def _decide(strategy, state, built, guarded, loss, criteria):
 
 
 def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
-               criteria=(), quarantined=(), replays=None):
+               criteria=(), quarantined=(), replays=None, skip_batches=0):
   """Builds the training step in the default graph.
 
   Args:
@@ -237,6 +238,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     replays: whether to build what a skip's replay needs (the towers'
       probes, the skip's saver: `replay_lib.Forensics`); None: if a run of
       `params` can replay (`replay_lib.can_replay`).
+    skip_batches: batches of the input the towers start past (those an
+      earlier segment of the process read: `segments`).
 
   Returns:
     A `Step`.
@@ -250,7 +253,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
   built = _build_towers(params, strategy, state.step_index, optimizer,
                         loss_scale, scale, dataset_fn, exclude_ids,
-                        quarantined, replays)
+                        quarantined, replays, skip_batches)
   unit = built.unit
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
