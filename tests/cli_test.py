@@ -1,6 +1,8 @@
 """The binaries as users run them: flags, and one-line errors on bad input."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from unittest import mock
@@ -10,7 +12,11 @@ import tensorflow as tf
 
 import binaries
 from tf1_safe_train import console
+from tf1_safe_train import models
+from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.data import cifar10
+from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer import params
 from tf1_safe_train.trainer import preflight
 
 
@@ -40,6 +46,42 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     for flag in ("--num_towers", "--inject_nonfinite", "--max_consecutive_skips",
                  "increment_global_step_on_skip", "--train_dir"):
       self.assertIn(flag, result.stdout)
+
+  # Regression test (issue 37, 8): --help was one alphabetical list of the
+  # 48 flags (--batch_size first), without -v or --flagfile. It lists them
+  # by concept, the run's common flags first, each flag once, then absl's.
+  def testHelpListsTheFlagsByConceptCommonOnesFirst(self):
+    result = binaries.run("train", "--help", no_tensorflow=True)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    lines = result.stdout.splitlines()
+    listed = [re.match(r"^  --(?:\[no\])?(\w+):", l).group(1)
+              for l in lines if re.match(r"^  --(?:\[no\])?\w+:", l)]
+    self.assertEqual(listed[:4], ["train_dir", "model", "max_steps",
+                                  "batch_size"])
+    self.assertCountEqual(listed, [
+        s.name for s in flag_specs.of_params(params.TrainParams) +
+        cluster_flags.FLAGS])
+    self.assertLess(lines.index("The run:"), lines.index("Optimization:"))
+    self.assertLess(lines.index("Optimization:"),
+                    lines.index("Several machines:"))
+    for absl_flag in ("-v/--verbosity", "--flagfile", "--helpfull"):
+      self.assertIn(absl_flag, result.stdout)
+
+  # Regression test (issue 37, 8): tf_cnn_benchmarks' names got absl's
+  # "'num_batches'. Did you mean: num_towers ?" and "'use_fp16'. Did you
+  # mean: use_cprofile_for_profiling ?". One line names our flag.
+  def testTfCnnBenchmarksFlagsAreAnsweredWithOurs(self):
+    for arg, ours in (("--num_gpus=2", "here use --num_towers (with "
+                       "--device=gpu"),
+                      ("--num_batches=100", "here use --max_steps (the "
+                       "global step to stop at"),
+                      ("--use_fp16", "here use --precision=fp16")):
+      with self.subTest(arg=arg):
+        result = binaries.run("train", "--max_steps=3", arg,
+                              no_tensorflow=True)
+        self.assertOneLineError(result, "train: error: %s is "
+                                "tf_cnn_benchmarks' flag; %s" % (
+                                    arg.split("=")[0], ours), exit_code=2)
 
   def testUnknownFlag(self):
     self.assertOneLineError(binaries.run("train", "--no_such_flag=1",
@@ -132,6 +174,51 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
     self.assertOneLineError(result, "--train_dir", "not writable")
 
 
+  # Regression test (issue 37, 9): a --train_dir that is a file said
+  # `is not writable: File exists`.
+  def testTrainDirThatIsAFile(self):
+    path = os.path.join(self.get_temp_dir(), "a_file")
+    with open(path, "w") as f:
+      f.write("not a directory")
+    result = binaries.run("train", "--train_dir=" + path,
+                          no_tensorflow=True)  # Refused before its import.
+    self.assertOneLineError(result, "--train_dir=%s is a file, not a "
+                            "directory" % path, exit_code=2)
+
+  # Regression test (issue 37, 4 and 9): without --train_dir a run resumed
+  # the one fixed /tmp/tf1_safe_train silently (or ended at once, exit 0,
+  # at its --max_steps); --num_towers beyond the cores ran without a word.
+  # Now the first line names a fresh directory (under TMPDIR), the run
+  # trains there, and one warning says the towers share the cores; in a
+  # cluster --train_dir is required (every task names the same one).
+  def testNoTrainDirIsFreshAndNamedFirstAndTowersBeyondCoresAreSaid(self):
+    tmp = os.path.join(self.get_temp_dir(), "tmp")
+    os.makedirs(tmp)
+    towers = preflight.cpu_cores() + 1
+    result = binaries.run("train", "--max_steps=1", "--batch_size=2",
+                          "--device=cpu", "--num_towers=%d" % towers,
+                          "--max_explained_skips=0", TMPDIR=tmp)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    (fresh,) = os.listdir(tmp)
+    train_dir = os.path.join(tmp, fresh)
+    self.assertRegex(fresh, r"^tf1_safe_train-\d{8}-\d{6}-\d+$")
+    self.assertEqual(binaries.our_lines(result.stderr)[0],
+                     "train: --train_dir=%s (a fresh directory; pass "
+                     "--train_dir to choose one, the same one to resume)" %
+                     train_dir)
+    with open(os.path.join(train_dir, "run_summary.json")) as f:
+      self.assertEqual(json.load(f)["steps_this_run"], 1)
+    warnings = [l for l in result.stderr.splitlines()
+                if "--num_towers=%d on --device=cpu" % towers in l]
+    self.assertLen(warnings, 1, result.stderr)
+    self.assertIn("may use %d CPU core(s)" % preflight.cpu_cores(),
+                  warnings[0])
+    self.assertOneLineError(
+        binaries.run("train", "--ps_hosts=127.0.0.1:1",
+                     "--worker_hosts=127.0.0.1:2", "--job_name=worker",
+                     no_tensorflow=True),
+        "--train_dir is required in a cluster", exit_code=2)
+
   # One short run proves two things: a relative --train_dir resolves
   # against the directory `bazel run` ran from, and the first screen has no
   # deprecation notice. (TensorFlow prints each deprecated call once, with
@@ -152,6 +239,24 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
         os.path.join(user_dir, "runs", "a", "run_summary.json")))
     self.assertIn("skipped step 1", result.stderr)
     self.assertNotIn("is deprecated", result.stderr)
+
+
+def _resnet8_run(train_dir):
+  """A run's directory as a resnet8 run leaves it: an initialised resnet8
+  checkpoint and the run_summary.json that records the model."""
+  tf1 = tf.compat.v1
+  os.makedirs(train_dir)
+  with tf.Graph().as_default():
+    models.get_model("resnet8")(tf1.placeholder(tf.float32, [1, 32, 32, 3]),
+                                is_training=False)
+    tf1.train.create_global_step()
+    with tf1.Session() as session:
+      session.run(tf1.global_variables_initializer())
+      tf1.train.Saver().save(session, os.path.join(train_dir, "model.ckpt"),
+                             global_step=0)
+  with open(os.path.join(train_dir, "run_summary.json"), "w") as f:
+    json.dump({"params": {"model": "resnet8", "dataset": "synthetic",
+                          "data_dir": ""}}, f)
 
 
 class LaunchTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
@@ -218,6 +323,44 @@ class LaunchTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
 
 
 class EvalCliTest(tf.test.TestCase):
+
+  # Regression test (issue 37, 4): //:eval had the fixed default
+  # --train_dir=/tmp/tf1_safe_train, which a forgotten flag evaluated.
+  def testTrainDirIsRequired(self):
+    result = binaries.run("eval", no_tensorflow=True)  # Before the import.
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(binaries.error_lines(result.stderr), [
+        "eval: error: --train_dir is required: the training run's "
+        "directory"])
+
+  # Regression test (issue 37, 5): on a resnet8 run, //:eval built small_cnn
+  # (its --model default) and failed: `NotFoundError: Key
+  # small_cnn/conv1/biases not found in checkpoint`. It reads the model
+  # from run_summary.json, as //:replay reads a skip's params; a --model
+  # that contradicts the run is refused in one line.
+  def testEvaluatesTheModelTheRunRecorded(self):
+    train_dir = os.path.join(self.get_temp_dir(), "resnet8")
+    _resnet8_run(train_dir)
+    result = binaries.run("eval", "--train_dir=" + train_dir,
+                          "--max_examples=100")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertStartsWith(result.stdout, "eval: step 0  precision@1 ")
+    result = binaries.run("eval", "--train_dir=" + train_dir,
+                          "--model=small_cnn", no_tensorflow=True)
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(binaries.error_lines(result.stderr), [
+        "eval: error: --model=small_cnn, but the run in %s trained "
+        "--model=resnet8 (run_summary.json): its checkpoint holds that "
+        "graph; drop --model" % train_dir])
+    # A run not finished yet has recorded nothing: --model's default is
+    # built, and the line says to pass the run's.
+    os.remove(os.path.join(train_dir, "run_summary.json"))
+    result = binaries.run("eval", "--train_dir=" + train_dir)
+    self.assertEqual(result.returncode, 2, result.stderr)
+    self.assertEqual(binaries.error_lines(result.stderr), [
+        "eval: error: NotFoundError: Key small_cnn/conv1/biases not found "
+        "in checkpoint: the checkpoint holds another model than "
+        "--model=small_cnn; pass the run's --model"])
 
   def testMissingCheckpoint(self):
     result = binaries.run("eval", "--train_dir=" + self.get_temp_dir())

@@ -92,6 +92,47 @@ class StopOnceTest(tf.test.TestCase):
         self.assertEqual(f.read().split(), [str(int(signal.SIGTERM))], name)
 
 
+# A task that prints a line of its own and TensorFlow's rendezvous warning
+# (as a worker does at shutdown, glog format), then ends.
+_NOISY_TASK = """
+import sys
+print("my line")
+sys.stderr.write("W0000 00:00:1796529948.308905    9566 local_rendezvous.cc:412] "
+                 "Local rendezvous is aborting with status: ABORTED: Cleanup "
+                 "73505207245471881 [type.googleapis.com/tensorflow."
+                 "DerivedStatus='']\\n")
+sys.stderr.write("W1206 a warning of the run\\n")
+"""
+
+
+class NoiseTest(tf.test.TestCase):
+
+  # Regression test (issue 37, 9): a 2-machine //:local_cluster run printed
+  # 17 "Local rendezvous is aborting with status: ABORTED: Cleanup ..."
+  # warnings (TensorFlow's, at every cancelled receive) in its 73 lines.
+  # They go to a log file; one line at the end names it.
+  def testRendezvousWarningsGoToTheLogNotTheScreen(self):
+    out, err = io.StringIO(), io.StringIO()
+    log = os.path.join(self.get_temp_dir(), "noise.log")
+    launcher = local_cluster_lib.LocalCluster(
+        1, 1, lambda unused_task: [sys.executable, "-c", _NOISY_TASK],
+        out=out, err=err, stop_grace_secs=5.0, noise_log=log)
+    self.assertEqual(launcher.run(), 0)
+    self.assertCountEqual(out.getvalue().splitlines(),
+                          ["[ps 0] my line", "[worker 0] my line"])
+    self.assertCountEqual(err.getvalue().splitlines(), [
+        "[ps 0] W1206 a warning of the run",
+        "[worker 0] W1206 a warning of the run",
+        "local_cluster: 2 line(s) of TensorFlow's cleanup warnings (\"Local "
+        "rendezvous is aborting with status: ABORTED: Cleanup ...\") not "
+        "shown: " + log])
+    with open(log) as f:
+      kept = f.read().splitlines()
+    self.assertLen(kept, 2)
+    for line in kept:
+      self.assertIn("Local rendezvous is aborting", line)
+
+
 class FlagsTest(tf.test.TestCase):
 
   # Regression test (issue 23, 9): --stop_grace_secs=nan or -1 was

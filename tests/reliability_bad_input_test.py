@@ -172,9 +172,12 @@ class BadInputTest(tf.test.TestCase):
     blocker = os.path.join(self.root, "a_file")
     with open(blocker, "w") as f:
       f.write("not a directory")
-    for train_dir in (blocker, os.path.join(blocker, "run")):
+    # (Issue 37, 9: the file itself was "not writable: File exists".)
+    for train_dir, expected in (
+        (blocker, "is a file, not a directory"),
+        (os.path.join(blocker, "run"), "not writable")):
       with self.subTest(train_dir=train_dir):
-        self.assertBadInput([], "--train_dir=" + train_dir, "not writable",
+        self.assertBadInput([], "--train_dir=" + train_dir, expected,
                             train_dir=train_dir)
         with open(blocker) as f:
           self.assertEqual(f.read(), "not a directory")

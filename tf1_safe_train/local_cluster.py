@@ -19,6 +19,8 @@ gRPC servers listen on every interface, unauthenticated).
 import os
 import signal
 import sys
+import tempfile
+import time
 
 from absl import app
 from absl import flags
@@ -26,6 +28,7 @@ from absl import flags
 from tf1_safe_train import cli
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import private_network
+from tf1_safe_train.trainer import train_dir as train_dir_lib
 
 flags.DEFINE_integer("num_ps", 1, "Number of parameter servers.")
 flags.DEFINE_integer("num_workers", 2,
@@ -56,15 +59,37 @@ def train_command():
   return [sys.executable, "-m", "tf1_safe_train.train"]
 
 
+def with_train_dir(train_args):
+  """(`train_args`, None), or with a fresh --train_dir and its path if they
+  give none: every task must name the same one, so the launcher chooses it.
+  """
+  if any(arg.split("=", 1)[0] in ("--train_dir", "-train_dir")
+         for arg in train_args):
+    return train_args, None
+  train_dir = train_dir_lib.fresh()
+  return list(train_args) + ["--train_dir=" + train_dir], train_dir
+
+
+def noise_log():
+  """Where the tasks' TensorFlow cleanup warnings go (`task_output`)."""
+  return os.path.join(tempfile.gettempdir(), "local_cluster-%s-%d.log" % (
+      time.strftime("%Y%m%d-%H%M%S"), os.getpid()))
+
+
 def main(argv):
-  train_args = argv[1:]
+  train_args, fresh = with_train_dir(argv[1:])
   try:
     local_cluster_lib.check_train_args(train_args)
     launcher = local_cluster_lib.LocalCluster(
         FLAGS.num_ps, FLAGS.num_workers, lambda unused_task: train_command(),
-        train_args, stop_grace_secs=FLAGS.stop_grace_secs)
+        train_args, stop_grace_secs=FLAGS.stop_grace_secs,
+        noise_log=noise_log())
   except ValueError as e:
     cli.fail(_PROGRAM, e)
+  if fresh:
+    launcher.message("--train_dir=%s (a fresh directory; pass --train_dir "
+                     "after -- to choose one, the same one to resume)" %
+                     fresh)
   if FLAGS.private_network:
     why_not = private_network.isolate()
     if why_not is not None:

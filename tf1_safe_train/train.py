@@ -10,16 +10,19 @@ has finished; a worker trains (worker 0 is the chief).
 
 import os
 import signal
+import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
+from tf1_safe_train import console
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.trainer import crash_report
 from tf1_safe_train.trainer import disk_full
+from tf1_safe_train.trainer import flag_groups
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import injection_spec
 from tf1_safe_train.trainer import params as params_lib
@@ -94,7 +97,16 @@ def main(argv):
     cluster = make_cluster(FLAGS, os.environ)
   except cluster_lib.ClusterSpecError as e:
     cli.fail(_PROGRAM, e)
-  _preflight(cluster)
+  fresh = _fresh_train_dir_unless_given(cluster)
+  params = _preflight(cluster)
+  if fresh:  # Once the run is not refused: its first line.
+    sys.stderr.write("%s: --train_dir=%s (a fresh directory; pass "
+                     "--train_dir to choose one, the same one to resume)\n"
+                     % (_PROGRAM, fresh))
+    sys.stderr.flush()
+  warning = params and preflight.towers_warning(params)
+  if warning and (cluster is None or cluster.job_name != cluster_lib.PS):
+    logging.warning(warning)
   cli.raise_on_sigterm_during_start_up()
   try:
     _run(cluster)
@@ -104,18 +116,32 @@ def main(argv):
     cli.start_up_interrupted(_PROGRAM, e)
 
 
+def _fresh_train_dir_unless_given(cluster):
+  """Without --train_dir, a fresh directory's path (a fixed default would be
+  resumed by a forgotten flag), else None; required in a cluster."""
+  if FLAGS.train_dir:
+    return None
+  if cluster is not None:
+    cli.fail(_PROGRAM, "--train_dir is required in a cluster (every task "
+             "names the same directory)")
+  FLAGS.train_dir = train_dir_lib.fresh()
+  return FLAGS.train_dir
+
+
 def _preflight(cluster):
   """Refuses bad input before TensorFlow's import, where that needs no
-  TensorFlow (`preflight`); the same checks run again after it."""
+  TensorFlow (`preflight`); the same checks run again after it. Returns the
+  params, or None when only TensorFlow can make them."""
   gpus = preflight.visible_gpus(FLAGS.device)
   if gpus is None:
-    return  # Only TensorFlow knows the GPUs that --device and towers need.
+    return None  # Only TensorFlow knows the GPUs --device and towers need.
   try:
-    preflight.check(make_params(FLAGS, gpus),
-                    cluster.num_workers if cluster else None)
+    params = make_params(FLAGS, gpus)
+    preflight.check(params, cluster.num_workers if cluster else None)
   except (params_lib.ParamsError, injection_spec.InjectionSpecError,
           train_dir_lib.TrainDirError, preflight.DataError) as e:
     cli.fail(_PROGRAM, e)
+  return params
 
 
 def _run(cluster):
@@ -244,5 +270,26 @@ def _last_good(target, params, summary):
               start, os.path.basename(path), params.train_dir))
 
 
+_SHORT_HELP = frozenset(["-?", "-h", "--help", "--helpshort"])
+
+
+def parse_flags(argv):
+  """`cli.flags_parser`, but --help lists the flags by concept, common ones
+  first (`flag_groups`), and a tf_cnn_benchmarks flag (--num_batches...)
+  is answered with ours in one line, not absl's "Did you mean"."""
+  arguments = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+  foreign = flag_groups.foreign_flag(argv)
+  if foreign:
+    cli.fail(_PROGRAM, "%s is tf_cnn_benchmarks' flag; here use %s" %
+             foreign)
+  if any(arg.split("=")[0] in _SHORT_HELP for arg in arguments):
+    usage = __doc__.replace("./bazelw run //:train --",  # As it was run.
+                            console.command(_PROGRAM))
+    sys.stdout.write("%s\nflags of %s, by concept:\n%s" % (
+        usage, os.path.abspath(__file__), flag_groups.help_text(_SPECS)))
+    sys.exit(0)
+  return cli.flags_parser(_PROGRAM)(argv)
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.flags_parser(_PROGRAM))
+  app.run(main, flags_parser=parse_flags)

@@ -23,6 +23,7 @@ import time
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import launch_limit
 from tf1_safe_train.cluster import spec as cluster_lib
+from tf1_safe_train.cluster import task_output
 
 PROGRAM = "local_cluster"
 _POLL_SECS = 0.1
@@ -65,7 +66,7 @@ def check_train_args(args):
 class _Task(object):
   """One child process and the threads copying its output."""
 
-  def __init__(self, config, command, env, out, err, lock):
+  def __init__(self, config, command, env, out, err, lock, noise=None):
     self.name = config.task_name
     self.config = config
     self.asked_to_stop = False
@@ -78,12 +79,12 @@ class _Task(object):
         stderr=subprocess.PIPE, start_new_session=True,
         preexec_fn=_die_with_parent)
     self.threads = [
-        threading.Thread(target=_copy_lines,
+        threading.Thread(target=task_output.copy_lines,
                          args=(self.process.stdout, out, "[%s] " % self.name,
                                lock), daemon=True),
-        threading.Thread(target=_copy_lines,
+        threading.Thread(target=task_output.copy_lines,
                          args=(self.process.stderr, err, "[%s] " % self.name,
-                               lock), daemon=True),
+                               lock, noise), daemon=True),
     ]
 
   def start_output(self):
@@ -131,21 +132,11 @@ def _die_with_parent():
     pass  # Not Linux: the launcher still stops its tasks unless SIGKILLed.
 
 
-def _copy_lines(pipe, out, prefix, lock):
-  """Copies `pipe` to `out` line by line, each line prefixed."""
-  with pipe:
-    for raw in iter(pipe.readline, b""):
-      line = raw.decode("utf-8", "replace").rstrip("\r\n")
-      with lock:
-        out.write(prefix + line + "\n")
-        out.flush()
-
-
 class LocalCluster(object):
   """Starts, watches and stops the tasks of a cluster on this machine."""
 
   def __init__(self, num_ps, num_workers, command_fn, args=(), env=None,
-               out=None, err=None, stop_grace_secs=30.0):
+               out=None, err=None, stop_grace_secs=30.0, noise_log=None):
     """Describes the cluster; `run()` starts it.
 
     Args:
@@ -158,6 +149,9 @@ class LocalCluster(object):
         task.
       out, err: where the tasks' stdout and stderr lines go.
       stop_grace_secs: how long tasks get to stop before SIGKILL.
+      noise_log: a file for the tasks' `task_output.NOISE` lines, which
+        then stay off `err` (one line at the end names the file); None:
+        `err` gets them.
     """
     if num_ps < 1 or num_workers < 1:
       raise ValueError("a cluster needs at least one ps and one worker, got "
@@ -176,6 +170,7 @@ class LocalCluster(object):
     self._out = out or sys.stdout
     self._err = err or sys.stderr
     self._stop_grace_secs = stop_grace_secs
+    self._noise = task_output.NoiseLog(noise_log) if noise_log else None
     self._lock = threading.Lock()
     self._signal = None
     self.tasks = []
@@ -194,7 +189,7 @@ class LocalCluster(object):
           task = config.for_task(job, i)
           self.tasks.append(_Task(task, self._command_fn(task) + self._args,
                                   self._env, self._out, self._err,
-                                  self._lock))
+                                  self._lock, self._noise))
       for task in self.tasks:
         task.start_output()
       return self._watch()
@@ -263,6 +258,12 @@ class LocalCluster(object):
       except subprocess.TimeoutExpired:
         pass
       task.join_output()
+    if self._noise is not None and self._noise.count:
+      self._noise.close()
+      self.message("%d line(s) of TensorFlow's cleanup warnings (\"Local "
+                   "rendezvous is aborting with status: ABORTED: Cleanup "
+                   "...\") not shown: %s" % (self._noise.count,
+                                              self._noise.path))
 
   def message(self, text):
     with self._lock:

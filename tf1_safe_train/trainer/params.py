@@ -34,9 +34,13 @@ class TrainParams(object):
   `flag_specs.of_params(TrainParams)` turns the declarations into the flags
   (train.py) and the docs' flags table (docs/flags.md).
   """
+  # The flag's '' is a fresh directory per run (train.py names it on the
+  # first line): a shared default would be resumed by a forgotten flag.
   train_dir: str = _param(
       "/tmp/tf1_safe_train", "Checkpoints, summaries and run_summary.json; "
-      "re-running with the same directory resumes.")
+      "re-running with the same directory resumes; default: a fresh "
+      "directory, named on the first line (required in a cluster).",
+      flag_default="", doc_default="a fresh one per run")
   model: str = _param("small_cnn", "The model.", MODELS)
   dataset: str = _param(
       "synthetic", "synthetic (embedded, learnable) or cifar10 (binary files "
@@ -182,11 +186,18 @@ class EvalParams(object):
   """Everything `eval_lib.evaluate` needs; fields declare `//:eval`'s flags."""
   train_dir: str = _param(
       "/tmp/tf1_safe_train",
-      "The training run's directory (its latest checkpoint).")
-  model: str = _param("small_cnn", "The model the run trained.", MODELS)
+      "The training run's directory (its latest checkpoint); required.",
+      flag_default="", doc_default="")
+  # eval.py takes these three from the run's run_summary.json when the flag
+  # is not given (`recorded_params`).
+  model: str = _param(
+      "small_cnn", "The model the run trained; default: the run's "
+      "(run_summary.json), else small_cnn.", MODELS)
   dataset: str = _param(
-      "synthetic", "The dataset whose test split is evaluated.", DATASETS)
-  data_dir: str = _param("", "Folder of test_batch.bin for cifar10.")
+      "synthetic", "The dataset whose test split is evaluated; default: the "
+      "run's, else synthetic.", DATASETS)
+  data_dir: str = _param("", "Folder of test_batch.bin for cifar10; "
+                         "default: the run's --data_dir.")
   batch_size: int = _param(100, "Evaluation batch.")
   max_examples: int = _param(
       0, "Evaluate at most this many examples; 0 = all.")

@@ -85,6 +85,37 @@ def check(params, num_workers=None):
       check_cifar10_train_files(params.data_dir)
 
 
+def cpu_cores():
+  """The CPU cores this process may run on (its affinity, where known)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
+def towers_warning(params, cores=None):
+  """One line when CPU towers outnumber the cores, else None.
+
+  Towers on virtual CPU devices share the machine's cores: beyond one per
+  core they add no throughput, and each step runs them in turns
+  (--num_towers=64 on 2 cores: 68 s for 2 steps, without a word). Allowed
+  (e.g. to rehearse an 8-GPU run's tower count), but said. GPU towers
+  beyond the GPUs are refused (`train.make_params`).
+
+  Args:
+    params: validated `params.TrainParams` (device resolved).
+    cores: the cores to compare with; default `cpu_cores()`.
+  """
+  cores = cpu_cores() if cores is None else cores
+  if params.device != "cpu" or params.num_towers <= cores:
+    return None
+  return ("--num_towers=%d on --device=cpu, but this process may use %d CPU "
+          "core(s): the towers take turns on them, so every step does %d "
+          "towers' work at the speed of %d (use --num_towers=%d or fewer "
+          "unless you mean to rehearse that many towers)" % (
+              params.num_towers, cores, params.num_towers, cores, cores))
+
+
 def check_cifar10_train_files(data_dir):
   """`cifar10.check_files(data_dir, "train")` for a local `data_dir`.
 

@@ -20,6 +20,8 @@ import fcntl
 import os
 import re
 import socket
+import tempfile
+import time
 
 from absl import logging
 
@@ -48,6 +50,11 @@ def check(train_dir):
     TrainDirError: if it is not writable, or is a non-empty directory that
       holds no run of ours.
   """
+  if os.path.lexists(train_dir) and not os.path.isdir(train_dir):
+    raise TrainDirError("--train_dir=%s is %s, not a directory: name a new "
+                        "or existing directory" % (
+                            train_dir, "a file" if os.path.exists(train_dir)
+                            else "a dangling symlink"))
   try:
     names = os.listdir(train_dir)
   except FileNotFoundError:
@@ -77,6 +84,14 @@ def check(train_dir):
   except OSError as e:
     raise TrainDirError("--train_dir=%s is not writable: %s" %
                         (train_dir, e.strerror or e)) from None
+
+
+def fresh():
+  """A new directory's path under the temporary directory, for a run given
+  no --train_dir: one per run (time and pid), never a shared default that a
+  forgotten flag would silently resume."""
+  return os.path.join(tempfile.gettempdir(), "tf1_safe_train-%s-%d" % (
+      time.strftime("%Y%m%d-%H%M%S"), os.getpid()))
 
 
 def _check_read_back(train_dir, names):
