@@ -12,7 +12,10 @@ optimizer, ours, wrapped in `SyncReplicasOptimizer` with the EMA as its
 optimizer). Blocking ops time out (`operation_timeout_in_ms`): never a hang.
 """
 
+import collections
+import os
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -285,7 +288,10 @@ class TwoWorkersTest(tf.test.TestCase):
   """The wrapper outside, two workers (threads, each its graph and server)
   and a ps: worker 1's batch poisoned once; nobody waits for ever."""
 
-  def _work(self, index, spec, servers, chief_ready, results):
+  def _work(self, index, spec, servers, chief_ready, results, pauses=None):
+    """Worker `index`'s four steps; with `pauses`, it waits for the test
+    before and after each step, and worker 0 publishes its graph and the
+    ops a third session reads the ps with (`pauses.probe`)."""
     try:
       with tf.Graph().as_default(), tf1.device(
           tf1.train.replica_device_setter(
@@ -300,6 +306,12 @@ class TwoWorkersTest(tf.test.TestCase):
             tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
           train_op = opt.minimize(loss, global_step=global_step)
         watched = _watched()
+        if pauses is not None and not index:
+          accumulator, device = opt.wrapped_optimizer._accumulator_list[0]  # pylint: disable=protected-access
+          with tf1.device(device):
+            pauses.probe = (tf1.get_default_graph(), watched,
+                            accumulator.num_accumulated(),
+                            tf1.train.Saver(sharded=True))
         if index:
           chief_ready.wait(60)  # Then it finds the variables initialised.
         with tf1.train.MonitoredTrainingSession(
@@ -311,15 +323,20 @@ class TwoWorkersTest(tf.test.TestCase):
           values = [sess.run(watched)]
           for step in range(4):
             batch = _batch(step) if index else _batch(10 + step)
+            if pauses is not None:
+              pauses.reach("before", index, step)
             sess.run(train_op, {x: batch})
             values.append(sess.run(watched))
+            if pauses is not None:
+              pauses.reach("after", index, step)
           results[index] = ([v.op.name for v in watched], values,
                             sess.run(counters_lib.skip_counters()),
                             sess.run(global_step))
     except Exception as e:  # pylint: disable=broad-except
       results[index] = e
 
-  def testOneSkipForBothAndTheWeightsKept(self):
+  def _start(self, pauses=None):
+    """The servers and the two worker threads, started."""
     ports = local_cluster_lib.free_ports(3)
     spec = tf1.train.ClusterSpec({
         "worker": ["127.0.0.1:%d" % p for p in ports[:2]],
@@ -329,16 +346,24 @@ class TwoWorkersTest(tf.test.TestCase):
     servers.append(tf1.train.Server(spec, job_name="ps", task_index=0))
     chief_ready, results = threading.Event(), {}
     threads = [threading.Thread(
-        target=self._work, args=(i, spec, servers, chief_ready, results),
-        daemon=True) for i in range(2)]
+        target=self._work, args=(i, spec, servers, chief_ready, results,
+                                 pauses), daemon=True) for i in range(2)]
     for thread in threads:
       thread.start()
+    return servers, threads, results
+
+  def _join(self, threads, results):
     for thread in threads:
       thread.join(120)
       self.assertFalse(thread.is_alive())
     for index in range(2):
       if isinstance(results[index], Exception):
         raise results[index]
+
+  def testOneSkipForBothAndTheWeightsKept(self):
+    _, threads, results = self._start()
+    self._join(threads, results)
+    for index in range(2):
       names, values, counters, steps = results[index]
       self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
                                    counters.skipped_steps))
@@ -351,6 +376,84 @@ class TwoWorkersTest(tf.test.TestCase):
           self.assertAllEqual(was, kept, name)
       for value in values[-1]:
         self.assertTrue(np.isfinite(value).all())
+
+  def testNoNaNOnThePsWhileTheSkippedStepIsPendingNorInACheckpoint(self):
+    # Worker 1 pushes its poisoned step; worker 0 waits: the chief has not
+    # decided, and worker 1 waits for its token (no spare one). A third
+    # session reads the ps then, as the chief's Saver would, and saves.
+    pauses = _Pauses()
+    for step in range(4):
+      if step not in (_NAN_STEP, _NAN_STEP + 1):
+        pauses.let(0, step)
+        pauses.let(1, step)
+    servers, threads, results = self._start(pauses)
+    try:
+      for index in range(2):
+        pauses.wait("before", index, _NAN_STEP)
+      graph, watched, accumulated, saver = pauses.probe
+      with tf1.Session(servers[2].target, graph=graph,
+                       config=_config()) as sess:
+        before = sess.run(watched)
+        pauses.let(1, _NAN_STEP)
+        deadline = time.time() + 60
+        while sess.run(accumulated) < 1:  # Worker 1's push.
+          self.assertLess(time.time(), deadline, "worker 1 never pushed")
+          time.sleep(0.05)
+        pending = sess.run(watched)
+        path = saver.save(sess, os.path.join(self.get_temp_dir(), "mid"))
+        pauses.let(0, _NAN_STEP)
+        for index in range(2):
+          pauses.wait("after", index, _NAN_STEP)
+        after = sess.run(watched)
+      names = [v.op.name for v in watched]
+      self.assertIn("net/moving_mean", names)
+      for name, value in zip(names, pending):
+        self.assertTrue(np.isfinite(value).all(), name)
+      reader = tf1.train.load_checkpoint(path)
+      for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+          self.assertTrue(np.isfinite(value).all(), name)
+      for name, was, kept in zip(names, before, after):
+        self.assertAllEqual(was, kept, name)  # weights, slots, statistics
+    finally:
+      pauses.let_all()
+      self._join(threads, results)
+    for index in range(2):
+      _, _, counters, steps = results[index]
+      self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
+                                   counters.skipped_steps))
+
+
+class _Pauses(object):
+  """Where the worker threads wait for the test (never for ever)."""
+
+  def __init__(self):
+    self.probe = None
+    self._events = collections.defaultdict(threading.Event)
+    self._lock = threading.Lock()
+
+  def _event(self, *key):
+    with self._lock:
+      return self._events[key]
+
+  def let(self, index, step):
+    self._event("go", index, step).set()
+
+  def let_all(self):
+    for step in range(4):
+      self.let(0, step)
+      self.let(1, step)
+
+  def wait(self, where, index, step):
+    if not self._event(where, index, step).wait(60):
+      raise RuntimeError("worker %d never got %s step %d" % (index, where,
+                                                             step))
+
+  def reach(self, where, index, step):
+    self._event(where, index, step).set()
+    if where == "before":
+      self.wait("go", index, step)
 
 
 if __name__ == "__main__":
