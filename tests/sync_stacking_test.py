@@ -263,6 +263,29 @@ class MnistReplicaTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "never finish.*outside"):
       wrapper.protect(tf.no_op())
 
+class SpareTokensTest(tf.test.TestCase):
+  """A spare token can reach a worker before its aggregate is decided."""
+
+  def testNoSpareTokenByDefaultWhereStatisticsAreWrittenToldOtherwise(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [4, 3])
+      loss = _net(x)
+      opt = SkipNonFiniteOptimizer(tf1.train.SyncReplicasOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1), 2, 2))
+      with tf1.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        opt.minimize(loss, global_step=tf1.train.get_or_create_global_step())
+      # SyncReplicas' default (-1) would enqueue 2 tokens; the calls on the
+      # wrapper and on the SyncReplicasOptimizer (slim's) enqueue none.
+      for sync in (opt, opt.wrapped_optimizer):
+        self.assertEqual("NoOp", sync.get_init_tokens_op().type)
+        self.assertEqual(0, sync.make_session_run_hook(True)._num_tokens)  # pylint: disable=protected-access
+      with self.assertLogs(level="WARNING") as told:
+        self.assertNotEqual("NoOp", opt.get_init_tokens_op(2).type)
+      self.assertRegex(told.output[0], "num_tokens=2.*not the chief's skip"
+                       ".*num_tokens=0 keeps them")
+
+
 class GlobalStepPolicyTest(tf.test.TestCase):
 
   def testSkipsThatKeepGlobalStepAreRefusedInBothOrders(self):

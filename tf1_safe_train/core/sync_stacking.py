@@ -207,16 +207,15 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
       pushed = sync.apply_gradients(pushes, global_step, name)
   finally:
     sync._opt, sync._variable_averages = inner, averages  # pylint: disable=protected-access
-  written, _ = sync_statistics.gate(updates, [g for g, _ in grads_and_vars])
+  written, _ = sync_statistics.gate(sync, updates,
+                                    [g for g, _ in grads_and_vars])
   view = _worker_view(grads_and_vars, updates)
   with tf1.control_dependencies([pushed]):
     after = _snapshot(skipped)
-  # Applied: this worker's values were finite and the chief's decision on
-  # the aggregate its push joined was to apply (with no spare token, the
-  # one between its push and its token; a spare token may come first).
-  view = view._replace(applied=tf.reduce_all(tf.stack(
-      [view.applied, written, tf.equal(before, after)]),
-                                             name="worker_step_applied"))
+  # Applied: this worker's values were finite, written, and the chief's
+  # decision between its push and its token (no spare token) was to apply.
+  view = view._replace(applied=tf.reduce_all(tf.stack([
+      view.applied, written, tf.equal(before, after)]), name="worker_applied"))
   # Never rolled back: a worker whose local step went back would push
   # stale gradients, which the accumulators drop, for ever.
   wrapper._step_variables.append(sync._local_step)  # pylint: disable=protected-access
