@@ -23,6 +23,7 @@ import tensorflow as tf
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import sync_statistics
 
 tf1 = tf.compat.v1
 
@@ -284,6 +285,38 @@ class SpareTokensTest(tf.test.TestCase):
         self.assertNotEqual("NoOp", opt.get_init_tokens_op(2).type)
       self.assertRegex(told.output[0], "num_tokens=2.*not the chief's skip"
                        ".*num_tokens=0 keeps them")
+
+
+class GateTest(tf.test.TestCase):
+  """`sync_statistics.gate`: a worker's write, kept unless all finite."""
+
+  def testWritesOnlyFiniteValuesOfFiniteGradientsOrOfTheirOwnForward(self):
+    with tf.Graph().as_default():
+      delta = tf1.placeholder(tf.float32, [2])
+      grad = tf1.placeholder(tf.float32, [2])
+      mean = tf1.get_variable("mean", initializer=tf.ones([2]))
+      var = tf1.get_variable("var", initializer=tf.ones([2]))
+      update = tf1.assign_sub(mean, delta)
+      # Written in the forward pass the gradient depends on (in place):
+      # checked on its value alone, else a cycle.
+      in_place = tf1.assign(var, delta)
+      with tf1.control_dependencies([in_place]):
+        grad_after = tf.identity(grad)
+      written, ungated = sync_statistics.gate(
+          tf1.train.SyncReplicasOptimizer(
+              tf1.train.GradientDescentOptimizer(0.1), 1, 1),
+          [update.op, in_place.op], [grad_after])
+      self.assertEqual([], ungated)
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for d, g, expected in (
+            ([0.5, 0.5], [1.0, np.nan], ([1.0, 1.0], [0.5, 0.5], False)),
+            ([np.inf, 0.5], [1.0, 1.0], ([1.0, 1.0], [0.5, 0.5], False)),
+            ([0.25, 0.5], [1.0, 1.0], ([0.75, 0.5], [0.25, 0.5], True))):
+          ok, _, _ = sess.run([written, update, grad_after],
+                              {delta: d, grad: g})
+          self.assertAllEqual(expected[:2], sess.run([mean, var]))
+          self.assertEqual(expected[2], ok)
 
 
 class GlobalStepPolicyTest(tf.test.TestCase):

@@ -64,23 +64,23 @@ def gate(sync, updates, grads):
     grads_ok = tf.logical_not(nonfinite.any_nonfinite(grads))
     under_grads = fetch_gate.ancestors(
         [t.op for t in tf.nest.flatten(grads, expand_composites=True)])
-    oks = []
-    for op, variable in gated:
-      ok = _finite_after(op, variable)
-      if op not in under_grads:
-        ok = tf.logical_and(ok, grads_ok)
-      oks.append(ok)
+    oks = [_write_if_finite(op, variable,
+                            None if op in under_grads else grads_ok)
+           for op, variable in gated]
     return tf.reduce_all(tf.stack(oks), name="statistics_written"), ungated
 
 
-def _finite_after(op, variable):
-  """True if `op`'s new value is finite; rewires `op` to write only then."""
+def _write_if_finite(op, variable, grads_ok):
+  """Rewires `op` to write only if its new value is finite and `grads_ok`
+  (None: no condition); returns that condition."""
   value = op.inputs[1]
   with tf1.device(variable.device):  # (The write's: on the ps.)
     old = shadows.read_written(variable)
     sign = _SIGNS[op.type]
     new = value if not sign else (old + value if sign > 0 else old - value)
     ok = tf.logical_not(nonfinite.is_nonfinite(new))
+    if grads_ok is not None:
+      ok = tf.logical_and(ok, grads_ok)
     kept = tf.zeros_like(value) if sign else tf.identity(old)
     # The op is the user's (built before the wrapper saw it); rewiring its
     # value input is the only way to keep a write a legacy script runs
