@@ -12,7 +12,10 @@ optimizer, ours, wrapped in `SyncReplicasOptimizer` with the EMA as its
 optimizer). Blocking ops time out (`operation_timeout_in_ms`): never a hang.
 """
 
+import collections
+import os
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -20,6 +23,7 @@ import tensorflow as tf
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import sync_statistics
 
 tf1 = tf.compat.v1
 
@@ -260,6 +264,61 @@ class MnistReplicaTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "never finish.*outside"):
       wrapper.protect(tf.no_op())
 
+class SpareTokensTest(tf.test.TestCase):
+  """A spare token can reach a worker before its aggregate is decided."""
+
+  def testNoSpareTokenByDefaultWhereStatisticsAreWrittenToldOtherwise(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [4, 3])
+      loss = _net(x)
+      opt = SkipNonFiniteOptimizer(tf1.train.SyncReplicasOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1), 2, 2))
+      with tf1.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        opt.minimize(loss, global_step=tf1.train.get_or_create_global_step())
+      # SyncReplicas' default (-1) would enqueue 2 tokens; the calls on the
+      # wrapper and on the SyncReplicasOptimizer (slim's) enqueue none.
+      for sync in (opt, opt.wrapped_optimizer):
+        self.assertEqual("NoOp", sync.get_init_tokens_op().type)
+        self.assertEqual(0, sync.make_session_run_hook(True)._num_tokens)  # pylint: disable=protected-access
+      with self.assertLogs(level="WARNING") as told:
+        self.assertNotEqual("NoOp", opt.get_init_tokens_op(2).type)
+      self.assertRegex(told.output[0], "num_tokens=2.*not the chief's skip"
+                       ".*num_tokens=0 keeps them")
+
+
+class GateTest(tf.test.TestCase):
+  """`sync_statistics.gate`: a worker's write, kept unless all finite."""
+
+  def testWritesOnlyFiniteValuesOfFiniteGradientsOrOfTheirOwnForward(self):
+    with tf.Graph().as_default():
+      delta = tf1.placeholder(tf.float32, [2])
+      grad = tf1.placeholder(tf.float32, [2])
+      mean = tf1.get_variable("mean", initializer=tf.ones([2]))
+      var = tf1.get_variable("var", initializer=tf.ones([2]))
+      update = tf1.assign_sub(mean, delta)
+      # Written in the forward pass the gradient depends on (in place):
+      # checked on its value alone, else a cycle.
+      in_place = tf1.assign(var, delta)
+      with tf1.control_dependencies([in_place]):
+        grad_after = tf.identity(grad)
+      written, ungated = sync_statistics.gate(
+          tf1.train.SyncReplicasOptimizer(
+              tf1.train.GradientDescentOptimizer(0.1), 1, 1),
+          [update.op, in_place.op], [grad_after])
+      self.assertEqual([], ungated)
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for d, g, expected in (
+            ([0.5, 0.5], [1.0, np.nan], ([1.0, 1.0], [0.5, 0.5], False)),
+            ([np.inf, 0.5], [1.0, 1.0], ([1.0, 1.0], [0.5, 0.5], False)),
+            ([0.25, 0.5], [1.0, 1.0], ([0.75, 0.5], [0.25, 0.5], True))):
+          ok, _, _ = sess.run([written, update, grad_after],
+                              {delta: d, grad: g})
+          self.assertAllEqual(expected[:2], sess.run([mean, var]))
+          self.assertEqual(expected[2], ok)
+
+
 class GlobalStepPolicyTest(tf.test.TestCase):
 
   def testSkipsThatKeepGlobalStepAreRefusedInBothOrders(self):
@@ -285,7 +344,10 @@ class TwoWorkersTest(tf.test.TestCase):
   """The wrapper outside, two workers (threads, each its graph and server)
   and a ps: worker 1's batch poisoned once; nobody waits for ever."""
 
-  def _work(self, index, spec, servers, chief_ready, results):
+  def _work(self, index, spec, servers, chief_ready, results, pauses=None):
+    """Worker `index`'s four steps; with `pauses`, it waits for the test
+    before and after each step, and worker 0 publishes its graph and the
+    ops a third session reads the ps with (`pauses.probe`)."""
     try:
       with tf.Graph().as_default(), tf1.device(
           tf1.train.replica_device_setter(
@@ -300,6 +362,12 @@ class TwoWorkersTest(tf.test.TestCase):
             tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
           train_op = opt.minimize(loss, global_step=global_step)
         watched = _watched()
+        if pauses is not None and not index:
+          accumulator, device = opt.wrapped_optimizer._accumulator_list[0]  # pylint: disable=protected-access
+          with tf1.device(device):
+            pauses.probe = (tf1.get_default_graph(), watched,
+                            accumulator.num_accumulated(),
+                            tf1.train.Saver(sharded=True))
         if index:
           chief_ready.wait(60)  # Then it finds the variables initialised.
         with tf1.train.MonitoredTrainingSession(
@@ -311,15 +379,20 @@ class TwoWorkersTest(tf.test.TestCase):
           values = [sess.run(watched)]
           for step in range(4):
             batch = _batch(step) if index else _batch(10 + step)
+            if pauses is not None:
+              pauses.reach("before", index, step)
             sess.run(train_op, {x: batch})
             values.append(sess.run(watched))
+            if pauses is not None:
+              pauses.reach("after", index, step)
           results[index] = ([v.op.name for v in watched], values,
                             sess.run(counters_lib.skip_counters()),
                             sess.run(global_step))
     except Exception as e:  # pylint: disable=broad-except
       results[index] = e
 
-  def testOneSkipForBothAndTheWeightsKept(self):
+  def _start(self, pauses=None):
+    """The servers and the two worker threads, started."""
     ports = local_cluster_lib.free_ports(3)
     spec = tf1.train.ClusterSpec({
         "worker": ["127.0.0.1:%d" % p for p in ports[:2]],
@@ -329,16 +402,24 @@ class TwoWorkersTest(tf.test.TestCase):
     servers.append(tf1.train.Server(spec, job_name="ps", task_index=0))
     chief_ready, results = threading.Event(), {}
     threads = [threading.Thread(
-        target=self._work, args=(i, spec, servers, chief_ready, results),
-        daemon=True) for i in range(2)]
+        target=self._work, args=(i, spec, servers, chief_ready, results,
+                                 pauses), daemon=True) for i in range(2)]
     for thread in threads:
       thread.start()
+    return servers, threads, results
+
+  def _join(self, threads, results):
     for thread in threads:
       thread.join(120)
       self.assertFalse(thread.is_alive())
     for index in range(2):
       if isinstance(results[index], Exception):
         raise results[index]
+
+  def testOneSkipForBothAndTheWeightsKept(self):
+    _, threads, results = self._start()
+    self._join(threads, results)
+    for index in range(2):
       names, values, counters, steps = results[index]
       self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
                                    counters.skipped_steps))
@@ -351,6 +432,84 @@ class TwoWorkersTest(tf.test.TestCase):
           self.assertAllEqual(was, kept, name)
       for value in values[-1]:
         self.assertTrue(np.isfinite(value).all())
+
+  def testNoNaNOnThePsWhileTheSkippedStepIsPendingNorInACheckpoint(self):
+    # Worker 1 pushes its poisoned step; worker 0 waits: the chief has not
+    # decided, and worker 1 waits for its token (no spare one). A third
+    # session reads the ps then, as the chief's Saver would, and saves.
+    pauses = _Pauses()
+    for step in range(4):
+      if step not in (_NAN_STEP, _NAN_STEP + 1):
+        pauses.let(0, step)
+        pauses.let(1, step)
+    servers, threads, results = self._start(pauses)
+    try:
+      for index in range(2):
+        pauses.wait("before", index, _NAN_STEP)
+      graph, watched, accumulated, saver = pauses.probe
+      with tf1.Session(servers[2].target, graph=graph,
+                       config=_config()) as sess:
+        before = sess.run(watched)
+        pauses.let(1, _NAN_STEP)
+        deadline = time.time() + 60
+        while sess.run(accumulated) < 1:  # Worker 1's push.
+          self.assertLess(time.time(), deadline, "worker 1 never pushed")
+          time.sleep(0.05)
+        pending = sess.run(watched)
+        path = saver.save(sess, os.path.join(self.get_temp_dir(), "mid"))
+        pauses.let(0, _NAN_STEP)
+        for index in range(2):
+          pauses.wait("after", index, _NAN_STEP)
+        after = sess.run(watched)
+      names = [v.op.name for v in watched]
+      self.assertIn("net/moving_mean", names)
+      for name, value in zip(names, pending):
+        self.assertTrue(np.isfinite(value).all(), name)
+      reader = tf1.train.load_checkpoint(path)
+      for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+          self.assertTrue(np.isfinite(value).all(), name)
+      for name, was, kept in zip(names, before, after):
+        self.assertAllEqual(was, kept, name)  # weights, slots, statistics
+    finally:
+      pauses.let_all()
+      self._join(threads, results)
+    for index in range(2):
+      _, _, counters, steps = results[index]
+      self.assertEqual((4, 3, 1), (steps, counters.applied_steps,
+                                   counters.skipped_steps))
+
+
+class _Pauses(object):
+  """Where the worker threads wait for the test (never for ever)."""
+
+  def __init__(self):
+    self.probe = None
+    self._events = collections.defaultdict(threading.Event)
+    self._lock = threading.Lock()
+
+  def _event(self, *key):
+    with self._lock:
+      return self._events[key]
+
+  def let(self, index, step):
+    self._event("go", index, step).set()
+
+  def let_all(self):
+    for step in range(4):
+      self.let(0, step)
+      self.let(1, step)
+
+  def wait(self, where, index, step):
+    if not self._event(where, index, step).wait(60):
+      raise RuntimeError("worker %d never got %s step %d" % (index, where,
+                                                             step))
+
+  def reach(self, where, index, step):
+    self._event(where, index, step).set()
+    if where == "before":
+      self.wait("go", index, step)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from tf1_safe_train.core import protecting
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
 from tf1_safe_train.core import shadows
+from tf1_safe_train.core import sync_statistics
 from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
@@ -172,9 +173,8 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
   and rolled back on a skip. The update ops the worker's step runs anyway
   (as for an unstacked step: `rollback.update_ops_run_by`) are rolled back
   after its token when its own gradients or their values were not finite
-  or the chief skipped; `protect` keys on that too. With several workers
-  a poisoned worker's statistics are NaN on the ps from its update to its
-  rollback (a checkpoint saved then would hold them).
+  or the chief skipped; `protect` keys on that too. Their writes are gated
+  (`sync_statistics`): a non-finite value never reaches the ps.
   """
   if global_step is None:
     raise ValueError("SkipNonFiniteOptimizer(SyncReplicasOptimizer(...)): "
@@ -207,14 +207,15 @@ def _outside(wrapper, sync, grads_and_vars, global_step, name):
       pushed = sync.apply_gradients(pushes, global_step, name)
   finally:
     sync._opt, sync._variable_averages = inner, averages  # pylint: disable=protected-access
+  written, _ = sync_statistics.gate(sync, updates,
+                                    [g for g, _ in grads_and_vars])
   view = _worker_view(grads_and_vars, updates)
   with tf1.control_dependencies([pushed]):
     after = _snapshot(skipped)
-  # Applied: this worker's values were finite and the chief's decision on
-  # the aggregate its push joined was to apply (with no spare token, the
-  # one between its push and its token; a spare token may come first).
-  view = view._replace(applied=tf.logical_and(
-      view.applied, tf.equal(before, after), name="worker_step_applied"))
+  # Applied: this worker's values were finite, written, and the chief's
+  # decision between its push and its token (no spare token) was to apply.
+  view = view._replace(applied=tf.reduce_all(tf.stack([
+      view.applied, written, tf.equal(before, after)]), name="worker_applied"))
   # Never rolled back: a worker whose local step went back would push
   # stale gradients, which the accumulators drop, for ever.
   wrapper._step_variables.append(sync._local_step)  # pylint: disable=protected-access
