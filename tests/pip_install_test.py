@@ -194,8 +194,10 @@ class PipInstallTest(tf.test.TestCase):
         # The docstring's `./bazelw run //:NAME -- --flag...` example.
         self.assertIn("\n  %s --" % script, result.stdout)
         self.assertNotIn("bazelw", result.stdout)
-        self.assertIn(  # Its own flags, as `python -m` lists them.
-            os.path.join(self.site, "tf1_safe_train", binary + ".py") + ":",
+        # Its own flags, under its installed file's name (absl's
+        # "<file>:" or //:train's grouped "flags of <file>, by concept:").
+        self.assertIn(
+            os.path.join(self.site, "tf1_safe_train", binary + ".py"),
             result.stdout)
     result = _run([os.path.join(self.venv, "bin", "tf1-safe-train"),
                    "--help"], cwd=self.outside)
