@@ -1,6 +1,6 @@
 """What the first-run check (`core/run_check`) costs a good step, in Python.
 
-The check adds no op to a step (tests/run_check_test.py counts executed
+The check adds no op to a step (tests/core/run_check_test.py counts executed
 nodes); what it adds is Python work in every `session.run`: a key built
 from the fetches and feeds, one dict lookup. Measured on a tiny guarded
 step (a 3-vector and a scalar, an EMA protected), whose run is little but
@@ -121,5 +121,5 @@ def markdown(result):
       "lookup) and of an unwatched one (one attribute lookup), timed alone "
       "in loops; then whole runs of that 3-vector step, whose differences "
       "are within the noise. %d rounds of %d runs, interleaved. The check "
-      "adds no executed node (tests/run_check_test.py)." % (
+      "adds no executed node (tests/core/run_check_test.py)." % (
           result["rounds"], result["runs_per_block"]))

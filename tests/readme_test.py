@@ -18,7 +18,7 @@ import sys
 
 import tensorflow as tf
 
-import forked_python
+from tests.fixtures import forked_python
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import params as params_lib

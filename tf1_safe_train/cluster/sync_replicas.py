@@ -75,7 +75,7 @@ def _or_towers(any_bad, tower_nonfinite):
   which removes `not(not(x))` pairs) compiled `not(or(False, not(all)))`
   into `all` for the cond on `applied` (the batch store's) but into
   `not(all)` for the fetched `applied`: the reports saw every good step
-  as a skip and a NaN step as applied (tests/sync_replicas_view_test.py
+  as a skip and a NaN step as applied (tests/cluster/sync_replicas_view_test.py
   OneTowerWorkerTest).
   """
   flags = tf.get_static_value(tower_nonfinite)

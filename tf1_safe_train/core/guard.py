@@ -203,7 +203,7 @@ def guarded_apply(grads_and_vars,
     # through an Identity's control inputs, which Grappler forwards when it
     # removes the Identity. Not a LogicalNot's: that of the fused check's
     # LogicalNot is removed as an involution, control inputs and all
-    # (TF 2.21; tests/protect_test.py testExplicitUpdateOpsWin).
+    # (TF 2.21; tests/core/protect_test.py testExplicitUpdateOpsWin).
     all_finite = tf.logical_not(skip)
     with tf1.control_dependencies(updates):
       all_finite = tf.identity(all_finite, name="all_finite")

@@ -2,7 +2,7 @@
 
 `GROUPS` orders the 48 flags by what a user is doing, the common ones first
 (absl's --help is one alphabetical list); every flag of `//:train` is in
-exactly one group (tests/cli_test.py). `FOREIGN` maps the common flags of
+exactly one group (tests/e2e/cli_test.py). `FOREIGN` maps the common flags of
 tf_cnn_benchmarks, the TF1 multi-GPU benchmark most users come from, to
 ours: `//:train` answers such a flag with one line naming ours (exit 2)
 rather than take it as an alias, because none means exactly the same

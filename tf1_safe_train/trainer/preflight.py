@@ -6,8 +6,8 @@ second instead, with the same line. `//:train` runs these checks before it
 imports TensorFlow (every task of a cluster too, but for the train_dir and
 the data); they run again where they always ran (`train.py` and
 `train_lib.train`), so a library caller loses nothing. Nothing this module
-imports may import TensorFlow (tests/cli_test.py and
-tests/reliability_bad_input_test.py run the refusals with an unimportable
+imports may import TensorFlow (tests/e2e/cli_test.py and
+tests/e2e/reliability_bad_input_test.py run the refusals with an unimportable
 TensorFlow).
 """
 
@@ -24,7 +24,7 @@ from tf1_safe_train.trainer import train_dir as train_dir_lib
 _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 # `cifar10.SPLIT_FILES["train"]` and `cifar10.RECORD_BYTES`, which cannot be
-# imported without TensorFlow (tests/reliability_bad_input_test.py checks
+# imported without TensorFlow (tests/e2e/reliability_bad_input_test.py checks
 # that both checks refuse the same files with the same line).
 _CIFAR10_TRAIN_FILES = tuple("data_batch_%d.bin" % i for i in range(1, 6))
 _CIFAR10_RECORD_BYTES = 3073

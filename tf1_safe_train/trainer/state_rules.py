@@ -6,8 +6,9 @@ a restart), and what a restart rebuilds. `checkpoint_rollback.RollbackHook`
 restores every variable but the ones `kept_on_rollback` names, and refuses
 to build if a counter of the step is in no rule; docs/trainer.md's table
 ("What a restart and a rollback keep") is this list, word for word
-(`tests/checkpoint_rollback_test.py::StateRulesTest`). A restart applies the same rules as the run
-that wrote the state: the history is in every checkpoint.
+(`tests/trainer/checkpoint_rollback_test.py::StateRulesTest`). A restart
+applies the same rules as the run that wrote the state: the history is in
+every checkpoint.
 """
 
 import collections

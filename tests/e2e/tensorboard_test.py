@@ -1,0 +1,151 @@
+"""`//:tensorboard` on a short run's train_dir serves the documented tags.
+
+A few fp16 steps on 2 towers, one of them poisoned, written by the real
+trainer; then TensorBoard (the README's command, on a free 127.0.0.1 port)
+is asked through its HTTP API for the scalars `skips/skipped_steps`, the
+per-tower counts and `loss_scale`, and the text `skips/explained`.
+"""
+
+import importlib.util
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import tensorflow as tf
+
+from tf1_safe_train import data
+from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer import train_lib
+
+_STEPS = 6
+_POISONED_STEP = 3
+_IMAGE_SIZE = 8  # fp16 convolutions are slow on CPU (fp16_train_test.py).
+_WAIT_SECS = 90
+
+
+def _tensorboard_command():
+  """The //:tensorboard binary under `bazel test`, else its main module."""
+  srcdir = os.environ.get("TEST_SRCDIR")
+  if srcdir:
+    return [os.path.join(srcdir, os.environ["TEST_WORKSPACE"], "tools",
+                         "tensorboard")]
+  return [sys.executable, os.path.join(
+      os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tools",
+      "run_tensorboard.py")]
+
+
+def _shrunk_dataset(batch_size, seed):
+  return data.get_dataset("synthetic", "train", batch_size, seed=seed).map(
+      lambda images, labels: (tf.image.resize(
+          images, [_IMAGE_SIZE, _IMAGE_SIZE], method="area"), labels))
+
+
+def _pump(stream, lines):
+  for line in stream:
+    lines.put(line)
+
+
+def _get(port, path, **query):
+  url = "http://127.0.0.1:%d%s" % (port, path)
+  if query:
+    url += "?" + urllib.parse.urlencode(query)
+  with urllib.request.urlopen(url, timeout=10) as response:
+    return json.loads(response.read().decode())
+
+
+class TensorBoardTest(tf.test.TestCase):
+
+  def _train(self, train_dir):
+    params = params_lib.TrainParams(
+        train_dir=train_dir, model="small_cnn", num_towers=2, device="cpu",
+        batch_size=4, max_steps=_STEPS, precision="fp16",
+        initial_loss_scale=1.0, save_summaries_steps=1,
+        save_checkpoints_steps=100000, log_every_n_steps=100,
+        inject_nonfinite="nan@%d:1" % _POISONED_STEP).validate()
+    summary = train_lib.train(params, dataset_fn=_shrunk_dataset)
+    self.assertEqual(1, summary["skipped_steps"])
+
+  def _start(self, train_dir):
+    """TensorBoard on `train_dir`, and its port (read from its banner)."""
+    process = subprocess.Popen(
+        _tensorboard_command() + [
+            "--logdir=" + train_dir, "--host=127.0.0.1", "--port=0",
+            "--reload_interval=1", "--load_fast=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    self.addCleanup(process.wait, timeout=30)
+    self.addCleanup(process.kill)
+    # Its output is read by a thread to its end (a full pipe would stop
+    # it), so that waiting for the banner ("TensorBoard 2.21.0 at
+    # http://127.0.0.1:PORT/", its last line before serving) is bounded.
+    lines = queue.Queue()
+    threading.Thread(target=_pump, args=(process.stdout, lines),
+                     daemon=True).start()
+    output = []
+    deadline = time.monotonic() + _WAIT_SECS
+    while time.monotonic() < deadline and process.poll() is None:
+      try:
+        output.append(lines.get(timeout=1))
+      except queue.Empty:
+        continue
+      match = re.search(r"http://127\.0\.0\.1:(\d+)/", output[-1])
+      if match:
+        return int(match.group(1))
+    self.fail("TensorBoard did not start (exit code %s):\n%s" % (
+        process.poll(), "".join(output)))
+
+  def _wait_for_tags(self, port, plugin, wanted):
+    """The tags of `plugin` once they include `wanted` (loaded in the back)."""
+    deadline = time.monotonic() + _WAIT_SECS
+    while True:
+      try:
+        tags = _get(port, "/data/plugin/%s/tags" % plugin).get(".", {})
+      except urllib.error.URLError:
+        tags = {}
+      if set(wanted) <= set(tags) or time.monotonic() > deadline:
+        return tags
+      time.sleep(0.5)
+
+  def testServesTheDocumentedTags(self):
+    self.assertIsNotNone(
+        importlib.util.find_spec("tensorboard"),
+        "tensorboard is not installed in this Python: requirements.txt pins "
+        "it, ./bazelw installs it")
+    train_dir = os.path.join(self.get_temp_dir(), "run")
+    self._train(train_dir)
+    port = self._start(train_dir)
+
+    scalars = ["loss", "learning_rate", "skips/applied_steps",
+               "skips/skipped_steps", "skips/consecutive_skips",
+               "skips/nonfinite_steps_tower_0",
+               "skips/nonfinite_steps_tower_1", "skips/reproduced",
+               "loss_scale"]
+    self.assertContainsSubset(
+        scalars, self._wait_for_tags(port, "scalars", scalars))
+    self.assertContainsSubset(
+        ["skips/explained"],
+        self._wait_for_tags(port, "text", ["skips/explained"]))
+
+    def last(tag):
+      return _get(port, "/data/plugin/scalars/scalars", run=".", tag=tag)[-1]
+
+    self.assertEqual([_STEPS, 1.0], last("skips/skipped_steps")[1:])
+    self.assertEqual([_STEPS, 1.0], last("skips/nonfinite_steps_tower_1")[1:])
+    self.assertEqual([_STEPS, 0.0], last("skips/nonfinite_steps_tower_0")[1:])
+    explained = _get(port, "/data/plugin/text/text", run=".",
+                     tag="skips/explained")
+    self.assertLen(explained, 1)
+    self.assertEqual(_POISONED_STEP, explained[0]["step"])
+    self.assertIn("not reproducible", explained[0]["text"])
+
+
+if __name__ == "__main__":
+  tf.test.main()
