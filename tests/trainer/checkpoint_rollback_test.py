@@ -337,17 +337,8 @@ class RollbackWindowTest(tf.test.TestCase):
                      [(24, [1, 2]), (24, [3])])
 
 
-# tests/, this file's folder's parent.
+# tests/, this file's folder's parent: a rule names a test by its path there.
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _test_file(name):
-  """The test file `name` (a rule names it by its file name) in whichever of
-  tests/' folders it is."""
-  for folder, _, files in os.walk(_TESTS):
-    if name in files:
-      return os.path.join(folder, name)
-  raise AssertionError("no test file %s under tests/" % name)
 
 
 class StateRulesTest(tf.test.TestCase):
@@ -367,7 +358,7 @@ class StateRulesTest(tf.test.TestCase):
       self.assertTrue(rule.test, rule.state)
       for name in rule.test:
         path, cls, test = name.split("::")
-        with open(_test_file(path)) as f:
+        with open(os.path.join(_TESTS, path)) as f:
           text = f.read()
         self.assertIn("class %s(" % cls, text, name)
         self.assertIn("def %s(" % test, text, name)
