@@ -10,6 +10,7 @@ Each run builds a graph (seconds): the runs are shared, in `setUpClass`.
 
 import json
 import os
+import tempfile
 from unittest import mock
 
 import tensorflow as tf
@@ -31,7 +32,9 @@ class ForensicsTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    root = tf1.test.get_temp_dir()
+    # Its own folder: the process's temporary folder is shared by the test
+    # files of a shard (another class may train in "fp16" there too).
+    root = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
     # The input drill's train_dir sees three runs: the drill (step 0: the
     # restarts read the same stream from its start again), a restart that
     # excludes its examples, and a control restart that does not exclude

@@ -15,6 +15,7 @@ and drilled overflows shows the hysteresis.
 
 import os
 import shutil
+import tempfile
 
 from absl import logging
 import numpy as np
@@ -61,7 +62,8 @@ class Float16TrainingTest(tf.test.TestCase):
     super().setUpClass()
     # One run: it trains (below), and its checkpoint (no hysteresis) is the
     # one the hysteresis test resumes, on a copy.
-    cls.train_dir = os.path.join(tf1.test.get_temp_dir(), "fp16")
+    cls.train_dir = os.path.join(
+        tempfile.mkdtemp(dir=tf1.test.get_temp_dir()), "fp16")
     cls.params = _params(cls.train_dir)
     with run_logs.capture(logging.get_absl_logger(), "INFO") as logs:
       cls.summary = train_lib.train(cls.params, dataset_fn=_shrunk_dataset)

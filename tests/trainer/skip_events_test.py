@@ -10,6 +10,7 @@ many runs it sees, oldest pruned first, records kept.
 
 import os
 import shutil
+import tempfile
 
 import tensorflow as tf
 
@@ -51,7 +52,8 @@ class SkipEventsTest(tf.test.TestCase):
     #    skips at step 2 three times again (other examples), keeping the
     #    states of its newest two explained skips only;
     # 3. a restart, which must feed none of the examples of either run.
-    train_dir = cls.train_dir = os.path.join(tf1.test.get_temp_dir(), "runs")
+    train_dir = cls.train_dir = os.path.join(
+        tempfile.mkdtemp(dir=tf1.test.get_temp_dir()), "runs")
     drill = dict(max_steps=6, increment_global_step_on_skip=False,
                  max_consecutive_skips=3, inject_nonfinite="nan@2:0",
                  inject_into="input")

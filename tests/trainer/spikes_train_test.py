@@ -6,6 +6,7 @@ one tower.
 """
 
 import os
+import tempfile
 
 from absl import logging
 import numpy as np
@@ -51,7 +52,8 @@ class SpikesTrainTest(tf.test.TestCase):
     # 8, the NaN at 10, then tower gradients x 1e3 from step 12 on: three
     # spike skips (12-14, the third re-warms), then step 15 applied in the
     # warm-up (a fourth skip would have given up: --max_consecutive_skips=4).
-    cls.drill_dir = os.path.join(tf1.test.get_temp_dir(), "drill")
+    cls.drill_dir = os.path.join(
+        tempfile.mkdtemp(dir=tf1.test.get_temp_dir()), "drill")
     with run_logs.capture(logging.get_absl_logger(), "INFO") as logs:
       cls.drill = train_lib.train(_params(
           cls.drill_dir, skip_spikes_sigma=6.0, spike_max_streak=3,
