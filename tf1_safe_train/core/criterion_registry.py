@@ -18,6 +18,7 @@ SPECS = [
 ]
 
 _specs = []
+# (on register, on unregister) pairs.
 _listeners = []
 
 
@@ -31,10 +32,17 @@ def register(spec):
   if spec.reason in taken or flags & {f.name for f in spec.flags}:
     raise ValueError("criterion %r: its reason or a flag is taken" %
                      (spec.reason,))
+  for listener, _ in _listeners:
+    listener(spec)  # (Raises for a flag taken there: nothing registered.)
   _specs.append(spec)
-  for listener in _listeners:
-    listener(spec)
   return spec
+
+
+def unregister(spec):
+  """Takes back a `register(spec)` (e.g. a test's criterion)."""
+  _specs.remove(spec)
+  for _, listener in _listeners:
+    listener(spec)
 
 
 def specs():
@@ -42,9 +50,10 @@ def specs():
   return tuple(_specs)
 
 
-def on_register(listener):
-  """Calls `listener(spec)` for every spec, now and when registered."""
-  _listeners.append(listener)
+def on_register(listener, on_unregister):
+  """Calls `listener(spec)` for every spec, now and when registered, and
+  `on_unregister(spec)` when one is unregistered."""
+  _listeners.append((listener, on_unregister))
   for spec in _specs:
     listener(spec)
 

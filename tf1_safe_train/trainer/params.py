@@ -167,20 +167,20 @@ class TrainParams(object):
     return dataclasses.asdict(self)
 
 
-def _declare_criterion(spec):
-  """Adds `spec`'s flags to `TrainParams` as fields (the class stays the
-  same object: instances made before keep working, with the defaults)."""
+def _redeclare(add=(), remove=()):
+  """`TrainParams` with the fields of the flags `add` and without those of
+  `remove` (`criterion_spec.Flag`s). The class stays the same object:
+  instances made before keep working, with the defaults."""
   cls = TrainParams
-  taken = {f.name for f in dataclasses.fields(cls)}
-  if taken & {flag.name for flag in spec.flags}:
-    raise ValueError("criterion %r: a flag of its is a TrainParams field" %
-                     spec.reason)
   for field in dataclasses.fields(cls):  # Re-declared as they are.
     setattr(cls, field.name, field)
-  for flag in spec.flags:
+  for flag in remove:
+    del cls.__annotations__[flag.name]
+    delattr(cls, flag.name)
+  for flag in add:
     cls.__annotations__[flag.name] = type(flag.default)
     setattr(cls, flag.name, _param(flag.default, flag.help))
-  # What `dataclass` made of the fields, made again with the new ones.
+  # What `dataclass` made of the fields, made again.
   for name in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
                "__delattr__", "__match_args__"):
     if name in cls.__dict__:
@@ -188,7 +188,16 @@ def _declare_criterion(spec):
   dataclasses.dataclass(frozen=True)(cls)
 
 
-criterion_registry.on_register(_declare_criterion)
+def _declare_criterion(spec):
+  taken = {f.name for f in dataclasses.fields(TrainParams)}
+  if taken & {flag.name for flag in spec.flags}:
+    raise ValueError("criterion %r: a flag of its is a TrainParams field" %
+                     spec.reason)
+  _redeclare(add=spec.flags)
+
+
+criterion_registry.on_register(
+    _declare_criterion, lambda spec: _redeclare(remove=spec.flags))
 
 
 @dataclasses.dataclass(frozen=True)
