@@ -10,8 +10,8 @@ import math
 
 import tensorflow as tf
 
+from tf1_safe_train.core import criteria
 from tf1_safe_train.core import nonfinite
-from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import one_machine_only
 
 tf1 = tf.compat.v1
@@ -91,7 +91,7 @@ class TowerUnit(object):
       # Optional in checkpoints of runs without the option.
       self.rejected = tf1.Variable(
           tf.zeros([self.num_towers], tf.int64), trainable=False, name=REJECTED,
-          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, spikes.OPTIONAL_STATE])
+          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, criteria.OPTIONAL_STATE])
 
   def _every_tower(self, flags):
     """[num_towers] of the built towers' `flags`, False for the others."""
