@@ -58,8 +58,6 @@ class Context(object):
     self._norm = None
     self.degraded = None
     self.skip_nonfinite = None
-    # What the criteria read: a criterion needs the loss if it reads it.
-    self.read = set()
 
   @property
   def loss(self):
@@ -70,7 +68,6 @@ class Context(object):
         the aggregate gradients, with no loss; the wrapper was given no
         loss tensor).
     """
-    self.read.add("loss")
     if callable(self._loss):
       self._loss = self._loss()
     if self._loss is None:
@@ -88,7 +85,6 @@ class Context(object):
 
   @property
   def towers(self):
-    self.read.add("towers")
     return self._towers
 
   @property

@@ -33,7 +33,7 @@ def refusal_in_cluster(params):
 class TowerUnit(object):
   """Which towers a step leaves out, their average, and their counters.
 
-  What `guard.guarded_apply(tower_unit=...)` reads (all built here, before
+  What the decision reads (`guard_parts.TowerUnit`; all built here, before
   the decision): `skip` (too few healthy towers: the whole step is skipped),
   `keep_updates` (tower 0 kept: its moving statistics' writes are kept;
   else rolled back on the applied step), `degraded` (some tower left out:

@@ -17,7 +17,7 @@ gradients are applied with):
      guarded step (the public wrapper), called here (`build_step`) or, with
      sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
      aggregate of every worker's;
-  4. `guard.guarded_apply`: checked, then the `tf.cond` whose apply branch
+  4. `guard.decide`: checked, then the `tf.cond` whose apply branch
      calls back `applied_update.AppliedUpdate.apply_gradients` (clip, apply,
      statistics, EMA).
 """
