@@ -141,7 +141,7 @@ class WrapperCriterionTest(tf.test.TestCase):
       with self.session() as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(train_op)
-        self.assertAllEqual(sess.run(w), [0.9])
+        self.assertAllClose(sess.run(w), [0.9])  # Applied.
 
 
 class TrainerCriterionTest(tf.test.TestCase):
