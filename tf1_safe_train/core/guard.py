@@ -178,7 +178,7 @@ def decide(step, criteria=()):
     criteria: `criteria.Criterion`s: a step one of them decides to skip is
       skipped too, by the same decision, and counted under the first one
       that fired (non-finite first, then in this order); and the decision's
-      parts (`guard_parts`: criteria without a reason).
+      parts (`guard_parts.Part`s: criteria without a reason).
 
   Returns:
     A `GuardResult`.
@@ -190,9 +190,10 @@ def decide(step, criteria=()):
   if all(g is None for g, _ in step.grads_and_vars):
     raise ValueError("guarded_apply: no gradient for any of %d variables" %
                      len(step.grads_and_vars))
-  parts = [c for c in criteria if c.reason is None]
+  # (A criterion with no reason that is no part is refused, as any bad one.)
+  parts = [c for c in criteria if isinstance(c, guard_parts.Part)]
   reasons = criteria_lib.with_nonfinite(
-      [c for c in criteria if c.reason is not None])
+      [c for c in criteria if not isinstance(c, guard_parts.Part)])
   counters = counters_lib.skip_counters()
   update_ops = list(step.update_ops or [])
   protected = rollback.Rollback(rollback.written_variables(update_ops))
