@@ -45,6 +45,12 @@ _MAX_MODULE_LINES = 300
 # this many code lines (`code_lines`).
 _MAX_FUNCTION_CODE_LINES = 60
 _STEP_AND_RUNNER = ("trainer/train_step.py", "trainer/train_lib.py")
+# The decision too (its criteria, one loop): module -> a function of it.
+_DECISION = {"core/guard.py": "decide", "core/verdict.py": "with_flags",
+             "core/guard_parts.py": "done", "core/criteria.py": "decision",
+             "core/reasons.py": "Decision.on_skip"}
+# The guard's function (`guard.decide`): at most this many parameters.
+_MAX_GUARD_PARAMETERS = 7
 
 
 def _imported_modules(source):
@@ -295,6 +301,26 @@ class LayoutTest(tf.test.TestCase):
         if n > _MAX_FUNCTION_CODE_LINES:
           long_ones.append("%s:%s: %d code lines" % (path, function, n))
     self.assertEqual(long_ones, [], "split these functions by concept")
+
+  def testNoFunctionOfTheDecisionIsOverSixtyCodeLines(self):
+    top = os.path.dirname(tf1_safe_train.__file__)
+    long_ones = []
+    for path, function in sorted(_DECISION.items()):
+      with open(os.path.join(top, path)) as f:
+        lengths = code_lines(f.read())
+      self.assertIn(function, lengths)
+      long_ones += ["%s:%s: %d code lines" % (path, name, n)
+                    for name, n in sorted(lengths.items())
+                    if n > _MAX_FUNCTION_CODE_LINES]
+    self.assertEqual(long_ones, [], "split these functions by concept")
+
+  def testTheGuardsFunctionTakesFewParameters(self):
+    # Every reason to skip and every part of the decision is a criterion
+    # (`guard_parts`): none plugs in by a parameter of its own.
+    from tf1_safe_train.core import guard  # pylint: disable=g-import-not-at-top
+    code = guard.decide.__code__
+    self.assertLessEqual(code.co_argcount + code.co_kwonlyargcount,
+                         _MAX_GUARD_PARAMETERS)
 
   def testImportingTheCoreLoadsNothingAboveIt(self):
     # A fresh process: this one may have imported anything already. Also the

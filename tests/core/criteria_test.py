@@ -122,6 +122,28 @@ class WrapperCriterionTest(tf.test.TestCase):
           tf1.train.GradientDescentOptimizer(0.1), criteria=[object()])
 
 
+  def testOnlyACriterionThatReadsTheLossNeedsOne(self):
+    # (No `needs_loss` to declare: reading `Context.loss` is the need.)
+    with tf.Graph().as_default():
+      w = tf1.get_variable("w", initializer=tf.constant([1.0]))
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1),
+          criteria=[LossAbove(1.0)])
+      with self.assertRaisesRegex(ValueError, "reads the step's loss, which "
+                                  "this step does not have"):
+        opt.apply_gradients([(tf.constant([1.0]), w)])
+    with tf.Graph().as_default():
+      w = tf1.get_variable("w", initializer=tf.constant([1.0]))
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1), skip_spikes=3.0,
+          skip_grad_norm_above=10.0)
+      train_op = opt.apply_gradients([(tf.constant([1.0]), w)])
+      with self.session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(train_op)
+        self.assertAllClose(sess.run(w), [0.9])  # Applied.
+
+
 class TrainerCriterionTest(tf.test.TestCase):
 
   def testOwnCriterionOnTowerLossesSkipsLabelsAndCounts(self):

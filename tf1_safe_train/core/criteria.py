@@ -8,10 +8,11 @@ its one `tf.cond` (`Decision`) and counts every skip once, under the first
 criterion that fired: one int64 counter per reason, `<reason>_skips`.
 """
 
-import collections
 import re
 
 import tensorflow as tf
+
+from tf1_safe_train.core import norms
 
 tf1 = tf.compat.v1
 
@@ -26,21 +27,73 @@ NONFINITE = "nonfinite"
 COUNTER_DEVICE = "/device:CPU:0"
 _REASON = re.compile(r"^[a-z][a-z0-9_]*$")
 
-Context = collections.namedtuple(
-    "Context", ["grads_and_vars", "loss", "nonfinite", "towers"])
-Context.__doc__ = """What a criterion decides from (tensors of one step).
+class Context(object):
+  """What a criterion decides from (tensors of one step), built once.
 
-Attributes:
-  grads_and_vars: the checked (gradient, variable) pairs (no None
-    gradient; sparse ones summed), with the variables written by update
-    ops' deltas when the step checks statistics.
-  loss: the step's float scalar loss, or None if the step was given none.
-  nonfinite: bool scalar, the non-finite verdict (a gradient or a written
-    statistic held a NaN or an Inf).
-  towers: dict of per-tower tensors, first axis the tower (e.g. "loss",
-    "nonfinite"), as the caller gave them (`apply_gradients(
-    tower_values=...)`); empty when not given.
-"""
+  Attributes:
+    grads_and_vars: the checked (gradient, variable) pairs (no None
+      gradient; sparse ones summed), with the variables written by update
+      ops' deltas when the step checks statistics.
+    loss: the step's float scalar loss (built on first read when the step
+      has it as a function: a step pays for nothing no criterion reads).
+    nonfinite: bool scalar, the non-finite verdict (a gradient or a written
+      statistic held a NaN or an Inf).
+    towers: dict of per-tower tensors, first axis the tower (e.g. "loss",
+      "nonfinite"), as the caller gave them (`apply_gradients(
+      tower_values=...)`); empty when not given.
+    global_norm: float32 scalar, the trainable variables' gradients' global
+      norm (`norms.global_norm`: no overflow for finite gradients), built
+      once, on first read.
+    degraded: bool scalar, True on an applied step a left-out tower
+      overflowed (the tower unit's), or None.
+    skip_nonfinite: in the skip branch, bool scalar, True if the skip is a
+      non-finite one; None when every skip is (one acting criterion).
+  """
+
+  def __init__(self, grads_and_vars, loss, nonfinite, towers=None):
+    self.grads_and_vars = list(grads_and_vars)
+    self._loss = loss
+    self.nonfinite = nonfinite
+    self._towers = dict(towers or {})
+    self._norm = None
+    self.degraded = None
+    self.skip_nonfinite = None
+
+  @property
+  def loss(self):
+    """The step's loss.
+
+    Raises:
+      ValueError: if the step has none (a sync replicas' chief decides on
+        the aggregate gradients, with no loss; the wrapper was given no
+        loss tensor).
+    """
+    if callable(self._loss):
+      self._loss = self._loss()
+    if self._loss is None:
+      raise ValueError(
+          "a skip criterion reads the step's loss, which this step does not "
+          "have (sync replicas decide on the chief, with no loss; the "
+          "wrapper needs a loss tensor given to compute_gradients or "
+          "apply_gradients(loss=))")
+    return self._loss
+
+  @property
+  def has_loss(self):
+    """True if the step has a loss (reading it then raises no error)."""
+    return self._loss is not None
+
+  @property
+  def towers(self):
+    return self._towers
+
+  @property
+  def global_norm(self):
+    if self._norm is None:
+      grads = [g for g, v in self.grads_and_vars
+               if g is not None and getattr(v, "trainable", True)]
+      self._norm = norms.global_norm(grads)
+    return self._norm
 
 
 def state_variable(name, value):
@@ -79,16 +132,18 @@ def counter(name, graph=None, initial_fn=None):
 class Criterion(object):
   """One reason to skip a step; subclass it and pass an instance to the
   wrapper (`SkipNonFiniteOptimizer(criteria=[...])`) or the trainer's step
-  (`train_step.build_step(criteria=[...])`).
+  (`train_step.build_step(criteria=[...])`); a criterion with a flag of
+  `//:train` is declared by a spec (`criterion_spec.CriterionSpec`).
 
   The guard calls, once per built step and in this order: `decide` (before
   the decision: it must write nothing), then `on_apply` inside the apply
   branch (after the update) and `on_skip` inside the skip branch; the
-  reports fetch `values()` with every step and call `describe` and
-  `record` on those of a step the criterion skipped (or, in a dry run,
-  would have skipped). The guard keeps its counters: `<reason>_skips`
-  (skips labelled with this reason) and, for a dry run,
-  `<reason>_would_skips`.
+  reports fetch the values `decide` returned with every step and call
+  `describe` and `record` on those of a step the criterion skipped (or, in
+  a dry run, would have skipped). The guard keeps its counters:
+  `<reason>_skips` (skips labelled with this reason) and, for a dry run,
+  `<reason>_would_skips`. A criterion that reads `Context.loss` needs the
+  step's loss: with none (sync replicas' chief), building the step raises.
 
   Attributes:
     reason: the skip's label in the log line, skips.jsonl ("reason"),
@@ -96,16 +151,19 @@ class Criterion(object):
       ("skips_by_reason"); lower case, digits and underscores.
     dry_run: if True the criterion only reports what it would skip (its
       flag never skips the step: the step is applied, and `on_apply` runs).
-    needs_loss: True if `decide` reads `Context.loss` or `Context.towers`
-      (the trainer then hands them in; sync replicas cannot).
   """
 
   reason = None
   dry_run = False
-  needs_loss = True
 
   def decide(self, context):
-    """Bool scalar tensor: True to skip the step (built before the cond)."""
+    """(flag, values), built before the cond: the flag a bool scalar tensor,
+    True to skip the step; values a dict of scalar tensors the reports show
+    (its values, thresholds; they run with every step: keep them cheap).
+
+    (A flag alone is accepted too, the values then coming from `values()`:
+    criteria written before `decide` returned them.)
+    """
     raise NotImplementedError
 
   def on_apply(self, context):  # pylint: disable=unused-argument
@@ -122,19 +180,27 @@ class Criterion(object):
     return []
 
   def values(self):
-    """Dict of scalar tensors the reports show (its values, thresholds),
-    computed by `decide` (they run with every step: keep them cheap)."""
+    """Deprecated: the values of a `decide` that returned its flag alone."""
     return {}
 
   def describe(self, values):
     """The line's words after "skipped step N: <reason>" from the fetched
-    `values()` (e.g. "loss 12 > threshold 10"), or ""."""
+    values (e.g. "loss 12 > threshold 10"), or ""."""
     return ", ".join("%s %.4g" % (k, v) for k, v in sorted(values.items()))
 
   def record(self, values):
-    """The skips.jsonl record's `<reason>` field from fetched `values()`."""
+    """The skips.jsonl record's `<reason>` field from fetched values."""
     return {k: (v.item() if hasattr(v, "item") else v)
             for k, v in values.items()}
+
+
+def decision(criterion, context):
+  """`criterion`'s (flag, values) for the step of `context`."""
+  decided = criterion.decide(context)
+  if isinstance(decided, tuple):
+    flag, values = decided
+    return flag, dict(values)
+  return decided, dict(criterion.values())
 
 
 class NonFinite(Criterion):
@@ -145,10 +211,9 @@ class NonFinite(Criterion):
   """
 
   reason = NONFINITE
-  needs_loss = False
 
   def decide(self, context):
-    return context.nonfinite
+    return context.nonfinite, {}
 
 
 def check(criterion):

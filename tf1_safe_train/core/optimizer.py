@@ -11,7 +11,9 @@ import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import criteria as criteria_lib
+from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.core import guard
+from tf1_safe_train.core import guard_parts
 from tf1_safe_train.core import keras_route
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import loss_scale_stacking as stacking
@@ -20,7 +22,6 @@ from tf1_safe_train.core import protecting
 from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
-from tf1_safe_train.core import spikes as spikes_lib
 from tf1_safe_train.core import step_report
 from tf1_safe_train.core import sync_stacking
 from tf1_safe_train.core import wrapper_replay
@@ -76,11 +77,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
                update_ops=None,
                loss_scale=None,
                strict=False,
-               skip_spikes=None,
                criteria=(),
                check_runs=True,
                tower_unit=None,
-               name="SkipNonFinite"):
+               name="SkipNonFinite",
+               **criterion_keywords):
     """Creates the wrapper.
 
     Args:
@@ -100,8 +101,6 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         what a skip cannot undo or count once (writes outside the decision,
         several guarded steps in one run, global_step advanced twice),
         raise instead of warning (see `run_check`).
-      skip_spikes: None, or a `SpikeConfig` (or its sigma): also skip a
-        finite step whose gradient norm (or loss) is a spike.
       criteria: more skip criteria (`criteria.Criterion` objects): a step
         one of them decides to skip is skipped, labelled and counted with
         its reason.
@@ -109,13 +108,16 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         of each distinct set of fetches that executes a step of this
         wrapper is checked, whoever runs it (`run_check`); later runs of
         the same fetches pay one dict lookup. False: no such check.
-      tower_unit: the trainer's --skip_unit=tower (`guard.guarded_apply`).
+      tower_unit: the trainer's --skip_unit=tower (`guard_parts.TowerUnit`).
       name: name scope of the decision ops.
+      **criterion_keywords: the library's criteria (`criterion_registry`;
+        None = off): `skip_spikes=` a `SpikeConfig` or its sigma (a spike in
+        the gradient norm or loss), `skip_grad_norm_above=` a norm.
 
     Raises:
-      TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`.
-      ValueError: for an unknown `loss_scale`, a bad `skip_spikes` or a
-        bad criterion.
+      TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`,
+        or for an unknown keyword.
+      ValueError: for an unknown `loss_scale`, a bad criterion or keyword.
     """
     if not isinstance(optimizer, tf1.train.Optimizer):
       # (A Keras optimizer too: its updates are not a tf.compat.v1 step.)
@@ -135,11 +137,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._loss_scale = loss_scale
     self._strict = strict
     self._check_runs = check_runs
-    self._tower_unit = tower_unit
-    self._spike_config = (None if skip_spikes is None
-                          else spikes_lib.SpikeConfig.of(skip_spikes))
-    self._criteria = list(criteria)
-    criteria_lib.with_nonfinite(self._criteria)  # Refused now, not later.
+    self._parts = [guard_parts.TowerUnit(tower_unit)] if tower_unit else []
+    # Built with each step (its state then made: `variables()` has it).
+    self._keyword_criteria = criterion_registry.from_keywords(
+        criterion_keywords)
+    self._criteria = criteria_lib.with_nonfinite(criteria)[1:]  # Checked.
     # Losses given to compute_gradients since the last apply_gradients.
     self._losses = []
     # {id(variable): (variable, gradient)} compute_gradients returned since
@@ -260,21 +262,12 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         # an unwrapped run would not restore. (The branch reuses these.)
         with tf1.init_scope():
           optimizer._create_slots(var_list)  # pylint: disable=protected-access
-    detector = None
-    if self._spike_config is not None:
-      detector = spikes_lib.SpikeDetector(self._spike_config)
-    if loss is None and losses and (detector or self._criteria):
-      loss = tf.add_n(losses) / float(len(losses))
-    result = guard.guarded_apply(
-        grads_and_vars,
-        apply_fn,
-        global_step=global_step,
-        increment_global_step_on_skip=self._increment_global_step_on_skip,
-        update_ops=update_ops,
-        branch_ops=stacking.branch_ops(self._optimizer, self._loss_scale),
-        spikes=detector, loss=loss, criteria=self._criteria,
-        tower_values=tower_values, tower_unit=self._tower_unit,
-        name=self._name)
+    mean_loss = lambda: tf.add_n(losses) / float(len(losses))  # If read.
+    result = guard.decide(guard.Step(
+        grads_and_vars, apply_fn, global_step,
+        self._increment_global_step_on_skip, update_ops,
+        loss if loss is not None or not losses else mean_loss, tower_values,
+        self._name), self._step_criteria())
     tf1.add_to_collection(GUARD_RESULTS, result)
     self._note_own_variables(known)
     self._last_result = result
@@ -292,6 +285,13 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     if self._check_runs:
       run_check.watch(self._run_step)
     return result
+
+  def _step_criteria(self):
+    """The criteria of a step: keywords', the caller's, the parts."""
+    overflow = stacking.branch_ops(self._optimizer, self._loss_scale)
+    return ([spec.build(config) for spec, config in self._keyword_criteria]
+            + self._criteria + [guard_parts.OnOverflow(b) for b in overflow]
+            + self._parts)
 
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)

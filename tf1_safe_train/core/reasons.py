@@ -88,7 +88,11 @@ class Decision(object):
     """
     self.criteria = list(criteria)
     self.context = context
-    self.flags = [c.decide(context) for c in self.criteria]
+    decided = [criteria_lib.decision(c, context) for c in self.criteria]
+    self.flags = [flag for flag, _ in decided]
+    # What each criterion saw, for the reports (returned, not stashed).
+    self.values = {c.reason: values
+                   for c, (_, values) in zip(self.criteria, decided)}
     self._acting = [(c, f) for c, f in zip(self.criteria, self.flags)
                     if not c.dry_run]
     self.counters = ([skipped_steps] if len(self._acting) == 1 else
@@ -165,7 +169,8 @@ class Decision(object):
     variables = self.counters + [v for v, _ in self.would_counters]
     return Report(self.criteria, dict(
         (c.reason, f) for c, f in zip(self.criteria, self.flags)),
-                  dict(zip(names, variables)), self.variables, op)
+                  dict(zip(names, variables)), self.variables, op,
+                  values=self.values)
 
 
 class Report(object):
@@ -180,13 +185,14 @@ class Report(object):
       (counters, the criteria's state).
   """
 
-  def __init__(self, criteria, flags, counters, variables, op):
+  def __init__(self, criteria, flags, counters, variables, op, values=None):
     self.criteria = list(criteria)
     self._counters = counters
     self.variables = list(variables)
     self.counts = self.read_after(op)
-    self.fetches = {"fired": flags,
-                    "values": {c.reason: c.values() for c in self.criteria}}
+    if values is None:  # (Criteria whose `decide` stashed them.)
+      values = {c.reason: c.values() for c in self.criteria}
+    self.fetches = {"fired": flags, "values": values}
 
   def read_after(self, op):
     """The counters (`counts`), read after `op` (e.g. a trainer's step,

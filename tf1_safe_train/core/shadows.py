@@ -27,7 +27,7 @@ import tensorflow as tf
 # Only to keep the shadows' collection out of exported meta graphs (below).
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
-from tf1_safe_train.core import spikes
+from tf1_safe_train.core import criteria
 
 tf1 = tf.compat.v1
 
@@ -79,7 +79,7 @@ class Shadow(object):
       # A restore from a checkpoint that lacks it fills it (`sync_shadows`).
       initial = lambda: tf.concat(
           [tf.reshape(v.initial_value, [-1]) for v in variables], 0)
-      collections_ = [tf1.GraphKeys.GLOBAL_VARIABLES, spikes.OPTIONAL_STATE]
+      collections_ = [tf1.GraphKeys.GLOBAL_VARIABLES, criteria.OPTIONAL_STATE]
     else:
       name = first.op.name + "/skip_shadow"
       initial = lambda: first.initial_value

@@ -21,12 +21,14 @@ import math
 
 import tensorflow as tf
 
-from tf1_safe_train.core import checks
 from tf1_safe_train.core import criteria
+from tf1_safe_train.core import spikes_spec
 
 tf1 = tf.compat.v1
 
-REASON = "spike"
+REASON = spikes_spec.REASON
+# Declared (flags, checks) without TensorFlow in `spikes_spec`.
+SpikeConfig = spikes_spec.SpikeConfig
 # Variables a checkpoint written without the option lacks: a resume
 # initialises them afresh (the warm-up restarts) instead of failing.
 OPTIONAL_STATE = criteria.OPTIONAL_STATE
@@ -75,56 +77,6 @@ def read_reasons(unused_skipped_steps, op):
         for r in (criteria.NONFINITE, REASON)])
 
 
-class SpikeConfig(collections.namedtuple(
-    "SpikeConfig", "sigma warmup_steps max_streak loss decay dry_run")):
-  """What a step calls a spike.
-
-  Attributes:
-    sigma: K: a value above mean + K standard deviations of its log is a
-      spike (> 0).
-    warmup_steps: applied steps of history before anything is a spike.
-    max_streak: this many spike skips in a row re-warm the detector.
-    loss: also watch the loss (needs the step's loss; its log is taken, so
-      a loss <= 0 is never a spike and never enters the statistics).
-    decay: the statistics' moving-average decay once warm (the first
-      1 / (1 - decay) values are averaged evenly).
-    dry_run: report and count what would be skipped (`spike_would_skips`),
-      skip nothing: how a threshold is calibrated before it is trusted.
-  """
-  __slots__ = ()
-
-  def __new__(cls, sigma, warmup_steps=100, max_streak=10, loss=False,
-              decay=0.99, dry_run=False):
-    return super(SpikeConfig, cls).__new__(cls, sigma, warmup_steps,
-                                           max_streak, loss, decay, dry_run)
-
-  @classmethod
-  def of(cls, value):
-    """`value` (a `SpikeConfig` or a number, the sigma), validated."""
-    config = value if isinstance(value, SpikeConfig) else cls(value)
-    return config.validate()
-
-  def validate(self):
-    """Returns self; raises ValueError naming the first bad field."""
-    if not (checks.is_number(self.sigma) and math.isfinite(self.sigma) and
-            self.sigma > 0):
-      raise ValueError("skip_spikes: sigma=%r must be a finite number > 0" %
-                       (self.sigma,))
-    for name in ("warmup_steps", "max_streak"):
-      value = getattr(self, name)
-      if not (checks.is_int(value) and value >= 1):
-        raise ValueError("skip_spikes: %s=%r must be an integer >= 1" %
-                         (name, value))
-    for name in ("loss", "dry_run"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError("skip_spikes: %s=%r must be a boolean" %
-                         (name, getattr(self, name)))
-    if not (checks.is_number(self.decay) and 0 < self.decay < 1):
-      raise ValueError("skip_spikes: decay=%r must be in (0, 1)" %
-                       (self.decay,))
-    return self
-
-
 class _LogStats(object):
   """Running mean and variance of a log value (two float32 variables)."""
 
@@ -158,10 +110,6 @@ class SpikeDetector(criteria.Criterion):
 
   reason = REASON
 
-  @property
-  def needs_loss(self):
-    return self.config.loss
-
   def __init__(self, config):
     """Creates the state variables (under `init_scope`, at the root name
     scope, on the current device: a parameter server under a
@@ -183,28 +131,24 @@ class SpikeDetector(criteria.Criterion):
             [v for s in stats for v in (s.mean, s.var)])
 
   def decide(self, context):
-    """Builds the step's spike flag (before the decision).
+    """Builds the step's spike flag and values (before the decision).
 
-    The norm is over the trainable variables' gradients (not statistics
-    deltas); a non-finite step is skipped for that reason, never called a
-    spike.
+    The norm is the context's (`Context.global_norm`: over the trainable
+    variables' gradients, not statistics deltas, without overflow); a
+    non-finite step is skipped for that reason, never called a spike.
 
     Raises:
       ValueError: if the loss is watched and the context has none.
     """
     config = self.config
-    if config.loss and context.loss is None:
+    if config.loss and not context.has_loss:
       raise ValueError("skip_spikes with loss=True needs the step's loss "
                        "(none was given to compute_gradients or "
                        "apply_gradients(loss=))")
-    grads = [g for g, v in context.grads_and_vars
-             if g is not None and getattr(v, "trainable", True)]
+    norm = context.global_norm
     with tf1.name_scope("spikes"):
-      # float32 whatever the gradients' dtype; an overflow to +inf is a
-      # spike too (its log exceeds any threshold once warm).
-      norm = tf.linalg.global_norm(
-          [tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,
-                   tf.float32) for g in grads])
+      # An overflow to +inf is a spike too (its log exceeds any threshold
+      # once warm).
       self._x = {"grad": tf.math.log(norm)}
       warm = self._count.read_value() >= config.warmup_steps
       limit = self._grad.threshold(config.sigma, warm)
@@ -224,11 +168,8 @@ class SpikeDetector(criteria.Criterion):
           spike, self._streak.read_value() + 1 >= config.max_streak,
           name="rewarm") if not self.dry_run else tf.constant(False)
     values["rewarm"] = self._rewarm
-    self._values = values
-    return spike
-
-  def values(self):
-    return self._values
+    self._values = values  # For `report` (`GuardResult.spikes`).
+    return spike, values
 
   def on_apply(self, context):
     """Op for the apply branch: fold the step's finite values in."""
@@ -277,7 +218,8 @@ class SpikeDetector(criteria.Criterion):
             for k, v in values.items()}
 
   def report(self, op):
-    """The step's `SpikeReport` (`GuardResult.spikes`), read after `op`."""
+    """Deprecated: the step's `SpikeReport` (`GuardResult.spikes`), read
+    after `op`; `reasons.Report` says the same of every criterion."""
     reasons = read_reasons(None, op)
     with tf1.name_scope("read_spikes"), tf1.control_dependencies([op]):
       rewarms = tf.identity(self._rewarms.read_value())

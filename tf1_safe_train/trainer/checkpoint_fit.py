@@ -5,7 +5,7 @@ A resume with another `--model`, `--num_towers`, `--precision`,
 `mismatch` names the first variable that does not fit and the flag that
 probably differs. Variables renamed since older checkpoints were written
 keep their former names (`names_in`), so those runs still resume; the
-state of an option switched on at a resume (`spikes.OPTIONAL_STATE`, e.g.
+state of an option switched on at a resume (`criteria.OPTIONAL_STATE`, e.g.
 --skip_spikes_sigma's statistics, --on_persistent_skips=rollback's state)
 starts afresh (`fresh_variables`).
 """
@@ -15,7 +15,7 @@ import os
 
 import tensorflow as tf
 
-from tf1_safe_train.core import spikes
+from tf1_safe_train.core import criteria
 
 tf1 = tf.compat.v1
 
@@ -81,7 +81,7 @@ def names_in(checkpoint, variables):
 def fresh_variables(checkpoint, variables):
   """The optional state of `variables` that `checkpoint` lacks (a list).
 
-  Such variables (`spikes.OPTIONAL_STATE`: the state of an option switched
+  Such variables (`criteria.OPTIONAL_STATE`: the state of an option switched
   on at this resume) are not restored but initialised (`FiniteSaver`'s
   `fresh`): a run resumed with --skip_spikes_sigma warms up again.
   """
@@ -89,7 +89,7 @@ def fresh_variables(checkpoint, variables):
     return []
   shapes = tf1.train.NewCheckpointReader(
       checkpoint).get_variable_to_shape_map()
-  optional = {id(v) for v in tf1.get_collection(spikes.OPTIONAL_STATE)}
+  optional = {id(v) for v in tf1.get_collection(criteria.OPTIONAL_STATE)}
   fresh = [v for name, v in names_in(checkpoint, variables).items()
            if id(v) in optional and name not in shapes]
   return fresh

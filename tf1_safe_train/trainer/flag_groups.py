@@ -1,8 +1,9 @@
 """`//:train`'s flags by concept, for its --help, and the names it answers.
 
-`GROUPS` orders the 48 flags by what a user is doing, the common ones first
-(absl's --help is one alphabetical list); every flag of `//:train` is in
-exactly one group (tests/e2e/cli_test.py). `FOREIGN` maps the common flags of
+`groups()` orders the flags by what a user is doing, the common ones first
+(absl's --help is one alphabetical list), each skip criterion's in a group
+of its own (`criterion_registry`); every flag of `//:train` is in exactly
+one group (tests/e2e/cli_test.py). `FOREIGN` maps the common flags of
 tf_cnn_benchmarks, the TF1 multi-GPU benchmark most users come from, to
 ours: `//:train` answers such a flag with one line naming ours (exit 2)
 rather than take it as an alias, because none means exactly the same
@@ -14,7 +15,9 @@ nor TensorFlow.
 
 import textwrap
 
-GROUPS = (
+from tf1_safe_train.core import criterion_registry
+
+_GROUPS = (
     ("The run", ("train_dir", "model", "max_steps", "batch_size",
                  "num_towers", "device", "dataset", "data_dir")),
     ("Optimization", ("optimizer", "learning_rate", "lr_schedule",
@@ -28,9 +31,7 @@ GROUPS = (
         "rollback_halve_learning_rate")),
     ("Why a step was skipped (forensics)", ("max_explained_skips",
                                             "exclude_reproducible_skips")),
-    ("Finite spikes skipped too", ("skip_spikes_sigma", "spike_warmup_steps",
-                                   "spike_max_streak", "skip_loss_spikes",
-                                   "spike_dry_run")),
+    None,  # The skip criteria's groups.
     ("A tower left out instead of the step", (
         "skip_unit", "min_healthy_towers", "quarantine_after",
         "clear_quarantine")),
@@ -42,6 +43,16 @@ GROUPS = (
                           "ps_hosts", "worker_hosts", "job_name",
                           "task_index")),
 )
+
+
+
+def groups():
+  """((title, flag names), ...): every flag of `//:train` in one group."""
+  criteria = tuple((spec.group, tuple(flag.name for flag in spec.flags))
+                   for spec in criterion_registry.specs())
+  return tuple(g for group in _GROUPS
+               for g in ((group,) if group else criteria))
+
 
 # tf_cnn_benchmarks' flag -> what to use here (one line each).
 FOREIGN = {
@@ -110,10 +121,10 @@ def _one_flag(spec):
 
 
 def help_text(specs):
-  """`//:train`'s --help flags: `specs` (its `FlagSpec`s) in `GROUPS`."""
+  """`//:train`'s --help flags: `specs` (its `FlagSpec`s) in `groups()`."""
   by_name = {spec.name: spec for spec in specs}
   lines = []
-  for title, names in GROUPS:
+  for title, names in groups():
     lines += ["", title + ":"]
     for name in names:
       lines += _one_flag(by_name[name])

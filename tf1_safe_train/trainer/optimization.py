@@ -3,7 +3,7 @@
 The schedule reads a step tensor chosen by the caller (by default the trainer
 passes `applied_steps`, so a skipped step does not decay the rate). Clipping
 runs after the finiteness check, inside the apply branch, and computes the
-global norm in a way that cannot overflow for finite gradients.
+global norm in a way that cannot overflow for finite gradients (`norms`).
 """
 
 import math
@@ -11,6 +11,7 @@ import math
 import tensorflow as tf
 
 from tf1_safe_train.core import gradients
+from tf1_safe_train.core import norms
 
 tf1 = tf.compat.v1
 
@@ -66,38 +67,8 @@ def learning_rate(schedule, base_rate, step, total_steps):
   raise ValueError("unknown learning-rate schedule %r" % (schedule,))
 
 
-def _scaled_norm(tensors):
-  """(scale, n): the global L2 norm of `tensors` is scale * n, n in [1, sqrt(k)].
-
-  Squaring the raw values overflows for finite values above about 1.8e19;
-  dividing by the largest magnitude first keeps every square <= 1.
-  """
-  values = [tf.cast(t.values if isinstance(t, tf.IndexedSlices) else t,
-                    tf.float32) for t in tensors if t is not None]
-  scale = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(v)) for v in values]))
-  safe_scale = tf.where(scale > 0, scale, tf.ones_like(scale))
-  sum_squares = tf.add_n(
-      [tf.reduce_sum(tf.square(v / safe_scale)) for v in values])
-  return safe_scale, tf.sqrt(sum_squares)
-
-
-def global_norm(tensors):
-  """The global L2 norm of `tensors`, without overflow in the sum of squares.
-
-  `tf.linalg.global_norm` squares the raw values, so finite gradients above
-  about 1.8e19 give an infinite norm, and `tf.clip_by_global_norm` then turns
-  every gradient into NaN. The norm itself is Inf only if it exceeds the
-  float32 maximum (3.4e38).
-
-  Args:
-    tensors: list of Tensors or IndexedSlices (None entries ignored).
-
-  Returns:
-    A float32 scalar tensor.
-  """
-  with tf1.name_scope("global_norm"):
-    scale, norm = _scaled_norm(tensors)
-    return scale * norm
+# Kept importable from here (the trainer's clipping shares it).
+global_norm = norms.global_norm
 
 
 def clip_by_global_norm(grads_and_vars, clip_norm):
@@ -119,7 +90,7 @@ def clip_by_global_norm(grads_and_vars, clip_norm):
   """
   grads = [g for g, _ in grads_and_vars]
   with tf1.name_scope("clip_by_global_norm"):
-    scale, scaled_norm = _scaled_norm(grads)
+    scale, scaled_norm = norms.scaled_norm(grads)
     norm = scale * scaled_norm
     # Compared in the scaled space: norm > clip_norm even when norm is Inf.
     over = scaled_norm > clip_norm / scale

@@ -9,6 +9,8 @@ import dataclasses
 import math
 
 from tf1_safe_train.core import checks
+from tf1_safe_train.core import criterion_registry
+from tf1_safe_train.core import criterion_spec
 
 MODELS = ("small_cnn", "resnet20", "resnet8")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -78,31 +80,12 @@ def _check_rollback(params):
          "(0 never ends a streak)")
 
 
-def _check_spikes(params):
-  _check(checks.is_number(params.skip_spikes_sigma) and
-         params.skip_spikes_sigma >= 0,
-         "--skip_spikes_sigma=%r: must be >= 0 (0 = off)",
-         params.skip_spikes_sigma)
-  for name in ("spike_warmup_steps", "spike_max_streak"):
-    value = getattr(params, name)
-    _check(checks.is_int(value) and value >= 1,
-           "--%s=%r: must be an integer >= 1", name, value)
-  for name in ("skip_loss_spikes", "spike_dry_run"):
-    _check(isinstance(getattr(params, name), bool),
-           "--%s=%r: must be a boolean", name, getattr(params, name))
-  _check(not params.spike_dry_run or params.skip_spikes_sigma > 0,
-         "--spike_dry_run needs --skip_spikes_sigma > 0")
-  _check(not (params.skip_spikes_sigma and params.max_consecutive_skips) or
-         params.spike_max_streak < params.max_consecutive_skips,
-         "--spike_max_streak=%r: must be below --max_consecutive_skips=%r "
-         "(the run would give up before the spike detector re-warms)",
-         params.spike_max_streak, params.max_consecutive_skips)
-  _check(not params.skip_loss_spikes or params.skip_spikes_sigma > 0,
-         "--skip_loss_spikes needs --skip_spikes_sigma > 0")
-  # The chief decides on the aggregate gradients; no loss reaches it.
-  _check(not (params.skip_loss_spikes and params.sync_replicas),
-         "--skip_loss_spikes is not supported with --sync_replicas (the "
-         "chief decides on the aggregate gradients and sees no loss)")
+def _check_criteria(params):
+  """The skip criteria's flags, checked by their specs (no TensorFlow)."""
+  try:
+    criterion_registry.check(params)
+  except criterion_spec.SpecError as e:
+    raise ParamsError(str(e)) from None
 
 
 def _check_skip_unit(params):
@@ -153,7 +136,7 @@ def check_train(params):
          "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
          "give up)", params.max_consecutive_skips)
   _check_rollback(params)
-  _check_spikes(params)
+  _check_criteria(params)
   _check_skip_unit(params)
   for name in ("save_checkpoints_steps", "save_summaries_steps",
                "log_every_n_steps"):

@@ -8,6 +8,7 @@ value (the checks are in `param_validation`).
 
 import dataclasses
 
+from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.trainer import flag_specs
 from tf1_safe_train.trainer import param_validation
 
@@ -32,7 +33,9 @@ class TrainParams(object):
   """Everything `train_lib.train` needs; a field declares its `//:train` flag.
 
   `flag_specs.of_params(TrainParams)` turns the declarations into the flags
-  (train.py) and the docs' flags table (docs/flags.md).
+  (train.py) and the docs' flags table (docs/flags.md). The skip criteria's
+  fields (e.g. skip_spikes_sigma) are declared by their specs
+  (`criterion_registry`), after these.
   """
   # The flag's '' is a fresh directory per run (train.py names it on the
   # first line): a shared default would be resumed by a forgotten flag.
@@ -92,23 +95,6 @@ class TrainParams(object):
   rollback_halve_learning_rate: bool = _param(
       False, "Rollback: halve the learning rate at each rollback (kept in "
       "checkpoints).")
-  skip_spikes_sigma: float = _param(
-      0.0, "Also skip a finite step whose global gradient norm exceeds its "
-      "running mean over applied steps by more than this many standard "
-      "deviations (log scale), e.g. 6; 0 = off.")
-  spike_warmup_steps: int = _param(
-      100, "--skip_spikes_sigma: applied steps of history before a step can "
-      "be a spike.")
-  spike_max_streak: int = _param(
-      10, "--skip_spikes_sigma: this many spike skips in a row are a regime "
-      "change, not a spike: the detector re-warms.")
-  skip_loss_spikes: bool = _param(
-      False, "--skip_spikes_sigma: also skip a step whose loss is a spike "
-      "(not with --sync_replicas: the chief sees no loss).")
-  spike_dry_run: bool = _param(
-      False, "--skip_spikes_sigma: skip no spike, only report each one it "
-      "would skip (log line, skips.jsonl record with dry_run, "
-      "spike_would_skips): to calibrate the threshold.")
   skip_unit: str = _param(
       "step", "What a non-finite tower costs: step (the whole step is "
       "skipped) or tower (that tower is left out and the others' average "
@@ -179,6 +165,39 @@ class TrainParams(object):
 
   def to_dict(self):
     return dataclasses.asdict(self)
+
+
+def _redeclare(add=(), remove=()):
+  """`TrainParams` with the fields of the flags `add` and without those of
+  `remove` (`criterion_spec.Flag`s). The class stays the same object:
+  instances made before keep working, with the defaults."""
+  cls = TrainParams
+  for field in dataclasses.fields(cls):  # Re-declared as they are.
+    setattr(cls, field.name, field)
+  for flag in remove:
+    del cls.__annotations__[flag.name]
+    delattr(cls, flag.name)
+  for flag in add:
+    cls.__annotations__[flag.name] = type(flag.default)
+    setattr(cls, flag.name, _param(flag.default, flag.help))
+  # What `dataclass` made of the fields, made again.
+  for name in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
+               "__delattr__", "__match_args__"):
+    if name in cls.__dict__:
+      delattr(cls, name)
+  dataclasses.dataclass(frozen=True)(cls)
+
+
+def _declare_criterion(spec):
+  taken = {f.name for f in dataclasses.fields(TrainParams)}
+  if taken & {flag.name for flag in spec.flags}:
+    raise ValueError("criterion %r: a flag of its is a TrainParams field" %
+                     spec.reason)
+  _redeclare(add=spec.flags)
+
+
+criterion_registry.on_register(
+    _declare_criterion, lambda spec: _redeclare(remove=spec.flags))
 
 
 @dataclasses.dataclass(frozen=True)

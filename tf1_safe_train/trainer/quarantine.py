@@ -23,8 +23,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tf1_safe_train.core import criteria
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import checkpoints
 from tf1_safe_train.trainer import train_dir as train_dir_lib
 
@@ -167,7 +167,7 @@ class Quarantine(object):
     with tf1.device(variables_device):
       counts = tf1.Variable(
           tf.zeros([num_towers], tf.int64), trainable=False, name=FAULTS,
-          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, spikes.OPTIONAL_STATE])
+          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, criteria.OPTIONAL_STATE])
       self._increments = [
           tf1.assign_add(counts, tf.one_hot(t, num_towers, dtype=tf.int64))
           for t in range(num_towers)]

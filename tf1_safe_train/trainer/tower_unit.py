@@ -10,8 +10,8 @@ import math
 
 import tensorflow as tf
 
+from tf1_safe_train.core import criteria
 from tf1_safe_train.core import nonfinite
-from tf1_safe_train.core import spikes
 from tf1_safe_train.trainer import one_machine_only
 
 tf1 = tf.compat.v1
@@ -33,7 +33,7 @@ def refusal_in_cluster(params):
 class TowerUnit(object):
   """Which towers a step leaves out, their average, and their counters.
 
-  What `guard.guarded_apply(tower_unit=...)` reads (all built here, before
+  What the decision reads (`guard_parts.TowerUnit`; all built here, before
   the decision): `skip` (too few healthy towers: the whole step is skipped),
   `keep_updates` (tower 0 kept: its moving statistics' writes are kept;
   else rolled back on the applied step), `degraded` (some tower left out:
@@ -91,7 +91,7 @@ class TowerUnit(object):
       # Optional in checkpoints of runs without the option.
       self.rejected = tf1.Variable(
           tf.zeros([self.num_towers], tf.int64), trainable=False, name=REJECTED,
-          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, spikes.OPTIONAL_STATE])
+          collections=[tf1.GraphKeys.GLOBAL_VARIABLES, criteria.OPTIONAL_STATE])
 
   def _every_tower(self, flags):
     """[num_towers] of the built towers' `flags`, False for the others."""

@@ -17,7 +17,7 @@ gradients are applied with):
      guarded step (the public wrapper), called here (`build_step`) or, with
      sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
      aggregate of every worker's;
-  4. `guard.guarded_apply`: checked, then the `tf.cond` whose apply branch
+  4. `guard.decide`: checked, then the `tf.cond` whose apply branch
      calls back `applied_update.AppliedUpdate.apply_gradients` (clip, apply,
      statistics, EMA).
 """
@@ -26,6 +26,7 @@ import collections
 
 import tensorflow as tf
 
+from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
@@ -35,7 +36,6 @@ from tf1_safe_train.trainer import checkpoint_rollback_state
 from tf1_safe_train.trainer import drill as drill_lib
 from tf1_safe_train.trainer import optimization
 from tf1_safe_train.trainer import replay_lib
-from tf1_safe_train.trainer import step_criteria
 from tf1_safe_train.trainer import step_state
 from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_input
@@ -185,15 +185,15 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
                 [probes.get(i) for i in range(num_towers)], devices, unit)
 
 
-def _decide(strategy, state, built, guarded, loss, criteria):
+def _decide(strategy, state, built, guarded, loss):
   """Applies the averaged gradients through `guarded`, as the strategy
   decides; returns (step op, `GuardResult`, the report's tower flags,
   per-variable flags and names)."""
   pairs = list(built.grads_and_vars) + built.statistics
   tower_nonfinite = built.nonfinite
-  # (Loss spikes are refused with sync replicas, whose apply has no loss.)
+  # For the criteria (run if one reads them); sync replicas' chief has none.
   kwargs = {}
-  if step_criteria.needs_loss(criteria, strategy):
+  if not getattr(strategy, "sync", False):
     kwargs = dict(loss=loss, tower_values={
         "loss": tf.stack([loss for loss, _, _ in built.outputs]),
         "nonfinite": tower_nonfinite})
@@ -230,8 +230,8 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       Batches may carry example ids as a third element (`data.with_ids`).
     exclude_ids: example ids the input never yields (`exclusion`).
     criteria: more skip criteria (`criteria.Criterion`), decided with
-      those `params` ask for (`step_criteria`); they see the step's mean
-      loss and, in `Context.towers`, each tower's "loss" and "nonfinite"
+      those `params` ask for (`criterion_registry`); they see the step's
+      mean loss and, in `Context.towers`, each tower's "loss" and "nonfinite"
       flag (not with sync replicas, whose chief decides on the aggregate).
     quarantined: indices of towers not built (`quarantine`; only with
       --skip_unit=tower): no node of theirs runs, no input is read.
@@ -249,7 +249,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     replays = replay_lib.can_replay(params)
   with tf1.device(config.variables_device()):
     state = step_state.StepState(config.num_towers)
-    criteria = step_criteria.from_params(params) + list(criteria)
+    criteria = criterion_registry.from_params(params) + list(criteria)
     learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
   built = _build_towers(params, strategy, state.step_index, optimizer,
                         loss_scale, scale, dataset_fn, exclude_ids,
@@ -272,7 +272,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
         tf.add_n([loss for loss, _, _ in built.outputs]) /
         float(len(built.outputs)))
     step_op, result, tower_nonfinite, average_flags, names = _decide(
-        strategy, state, built, guarded, loss, criteria)
+        strategy, state, built, guarded, loss)
     # A left-out tower 0's batch is no control batch (`batch_store`).
     keep = built.inputs.keep_if_applied(
         tf.logical_and(result.applied, unit.keep_updates) if unit
