@@ -28,9 +28,10 @@ The interface, in the order the runner uses it:
   `finish()`, `summary_fields()`  after the session closed
 
 The hooks of a run, in order: a cluster worker's `EndOfRunHook` first (so
-its `end` precedes the final checkpoint), the runner's `first_hooks` (what
-must be written before a checkpoint covers the step: the skip records),
-the chief's summary and checkpoint savers, then the runner's other hooks
+its `end` precedes the final checkpoint), the runner's `first_hooks` (a
+skip's line, then what must be written before a checkpoint covers the
+step: its record), the chief's summary and checkpoint savers, then the
+runner's other hooks
 (`train_lib`), with `step_hooks()` after its reporting hooks.
 """
 
