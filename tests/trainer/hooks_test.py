@@ -88,21 +88,31 @@ class ProgressHookTest(tf.test.TestCase):
   def testSaysHowFarAndTheTimeLeftAtTheRecentPace(self):
     # Steps end at t = 0, 1, ..., 5, then 3 s each: the ETA follows the
     # pace of the last intervals (5 at most), not the whole run's.
+    # A line names the step's index (as a skip's line does) and counts
+    # that step: step 2, fed a NaN, is in its own line's "skipped 1"
+    # (issue 37, 6; the lines were one step earlier: "step 2 ... applied 2
+    # skipped 0", then "step 4 ... applied 3 skipped 1").
     times = [0, 1, 2, 3, 4, 5] + [5 + 3 * i for i in range(1, 30)]
-    lines = self._lines(20, iter(times), every_n_steps=2, max_steps=100)
+    lines = self._lines(21, iter(times), every_n_steps=2, max_steps=100)
     self.assertRegex(lines[0], r"^step 2/100  loss \S+  lr 0.1  8.0 "
-                     r"examples/s  applied 2  skipped 0  ETA 0:01:38$")
-    self.assertRegex(lines[1], r"^step 4/100  .*  applied 3  skipped 1  "
-                     r"ETA 0:01:36$")
-    # Steps 7-20 took 3 s each: the last five intervals (steps 11-20) see
-    # only those.
-    self.assertRegex(lines[-1], r"^step 20/100  .* ETA 0:04:00$")
+                     r"examples/s  applied 2  skipped 1  ETA 0:01:37$")
+    self.assertRegex(lines[1], r"^step 4/100  .*  applied 4  skipped 1  "
+                     r"ETA 0:01:35$")
+    # Steps 6-20 took 3 s each: the last five intervals (steps 11-20) see
+    # only those (79 steps left: 3:57).
+    self.assertRegex(lines[-1], r"^step 20/100  .* ETA 0:03:57$")
     self.assertLen(lines, 10)
+
+  def testTheRunsLastStepHasALine(self):
+    lines = self._lines(5, iter(range(10)), every_n_steps=2, max_steps=5)
+    self.assertRegex(lines[-1], r"^step 4/5  .*  applied 4  skipped 1  "
+                     r"ETA 0:00:00$")
+    self.assertLen(lines, 2)
 
   def testOpenEndedRunSaysNoEta(self):
     lines = self._lines(4, iter(range(10)), every_n_steps=2)
     self.assertRegex(lines[0], r"^step 2  loss \S+  lr 0.1  8.0 "
-                     r"examples/s  applied 2  skipped 0$")
+                     r"examples/s  applied 2  skipped 1$")
 
   def testEtaFormat(self):
     self.assertEqual(

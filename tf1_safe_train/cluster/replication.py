@@ -144,15 +144,18 @@ class SyncReplicas(AsyncReplicas):
     super(SyncReplicas, self).__init__(params, cluster)
     self.sync_optimizer = None
 
-  def decider(self, guarded):
+  def decide(self, guarded, pairs, global_step, tower_nonfinite, **kwargs):
+    """Pushes `pairs`; the chief's `SyncReplicasOptimizer` decides (through
+    `guarded`, whose result its API does not return: the wrapper keeps it).
+    The reports show this worker's own view, never the chief's decision."""
     self.sync_optimizer = sync_replicas.sync_optimizer(guarded,
                                                        self.num_workers)
-    return self.sync_optimizer
-
-  def result(self, guarded, pairs, tower_nonfinite):
-    del guarded  # Its decision runs on the chief: the reports never fetch it.
-    return sync_replicas.replica_view(self.sync_optimizer, pairs,
-                                      tower_nonfinite)
+    step_op = self.sync_optimizer.apply_gradients(
+        pairs, global_step=global_step, **kwargs)
+    return local_replication.Decided(
+        step_op, sync_replicas.replica_view(self.sync_optimizer, pairs,
+                                            tower_nonfinite),
+        guarded.guard_result().reasons)
 
   def _close_tokens(self):
     return self.sync_optimizer.get_chief_queue_runner().queue.close(

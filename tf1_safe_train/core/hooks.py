@@ -11,14 +11,13 @@ run the train op, so a hook fetches them only on runs that run it anyway
 """
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import fetch_gate
+from tf1_safe_train.core import skip_report
 from tf1_safe_train.core import write_check
 
 tf1 = tf.compat.v1
-
 
 
 class GatedHook(tf1.train.SessionRunHook):
@@ -52,53 +51,16 @@ class GatedHook(tf1.train.SessionRunHook):
     return tf1.train.SessionRunArgs(self._fetches)
 
 
-def format_scale(scale):
-  """A loss scale as printed: whole numbers in full (1048576, not 1.04858e+06)."""
-  scale = float(scale)
-  if scale.is_integer() and abs(scale) < 2.0**53:
-    return "%d" % scale
-  return "%g" % scale
+# (Their home is skip_report, which builds every skip's words.)
+format_scale = skip_report.format_scale
 
 
 def describe_skip(step, tower_flags, average_flags, variable_names,
                   tower_devices, max_names=5):
-  """Returns the one-line report of a skipped step.
-
-  Args:
-    step: the step index (global_step at its start).
-    tower_flags: bool array [num_towers, num_variables], per-tower non-finite
-      gradient flags, or [num_towers], one fused flag per tower (the
-      trainer's: the variables are then named by `average_flags` alone, as
-      a non-finite value of any tower survives averaging).
-    average_flags: bool array [num_variables], flags of the averaged gradients.
-    variable_names: names aligned with the flags' last axis.
-    tower_devices: device string of each tower ("" if unknown: not shown).
-    max_names: how many variable names to list before "+N more".
-
-  Returns:
-    A string.
-  """
-  tower_flags = np.asarray(tower_flags, dtype=bool)
-  by_variable = np.asarray(average_flags, dtype=bool)
-  if tower_flags.ndim != 1:
-    tower_flags = tower_flags.reshape(len(tower_devices), -1)
-    by_variable = tower_flags.any(axis=0) | by_variable
-  tower_flags = tower_flags.reshape(len(tower_devices), -1)
-  bad_towers = [i for i in range(len(tower_devices)) if tower_flags[i].any()]
-  names = [n for n, bad in zip(variable_names, by_variable) if bad]
-  shown = ", ".join(names[:max_names])
-  if len(names) > max_names:
-    shown += ", ... (+%d more, %d in all)" % (len(names) - max_names,
-                                             len(names))
-  if bad_towers:
-    where = "in tower%s %s" % (
-        "s" if len(bad_towers) > 1 else "",
-        ", ".join("%d (%s)" % (i, tower_devices[i]) if tower_devices[i]
-                  else "%d" % i for i in bad_towers))
-  else:
-    where = "in the averaged gradients (every tower was finite: overflow)"
-  return "skipped step %d: non-finite gradients %s; variables: %s" % (
-      step, where, shown or "-")
+  """The line of a step skipped for non-finite gradients (see
+  `skip_report.nonfinite_words` for the arguments)."""
+  return skip_report.line(step, nonfinite=skip_report.nonfinite_words(
+      tower_flags, average_flags, variable_names, tower_devices, max_names))
 
 
 class GiveUpHook(GatedHook):

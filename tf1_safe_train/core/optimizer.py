@@ -154,9 +154,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     # Where the last step's (and `protect`'s) search for update ops starts.
     self._step_roots = []
 
-  @property
-  def wrapped_optimizer(self):
-    return self._optimizer
+  wrapped_optimizer = property(lambda self: self._optimizer)
 
   @property
   def loss_scale(self):
@@ -181,8 +179,14 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     return pairs
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None,
-                      *, tower_grads_and_vars=None, loss=None,
-                      tower_values=None):
+                      **kwargs):
+    """`apply_gradients_with_result`'s train op (the Optimizer API)."""
+    return self.apply_gradients_with_result(grads_and_vars, global_step,
+                                            name, **kwargs).train_op
+
+  def apply_gradients_with_result(self, grads_and_vars, global_step=None,
+                                  name=None, *, tower_grads_and_vars=None,
+                                  loss=None, tower_values=None):
     """Applies the gradients if all are finite; otherwise skips the step.
 
     Args:
@@ -191,23 +195,19 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       name: optional name for the wrapped optimizer's update ops.
       tower_grads_and_vars: optional, for the skip report only: one list of
         (gradient, variable) pairs per tower, over the same variables, when
-        `grads_and_vars` is their average; the report then names the tower
-        and its device. The decision stays on `grads_and_vars` (a tower's
-        NaN or Inf reaches the average); the towers' checks only feed the
-        report.
-      loss: optional, the step's loss for the criteria, e.g. loss-spike
-        skips (default: the mean of the losses given to
-        `compute_gradients` since the last step).
+        `grads_and_vars` is their average: the report names the tower and
+        its device (a tower's NaN or Inf reaches the average, decided on).
+      loss: optional, the step's loss for the criteria (default: the mean
+        of the losses given to `compute_gradients` since the last step).
       tower_values: optional dict of per-tower tensors (first axis the
         tower) for the criteria (`criteria.Context.towers`).
 
     Returns:
-      The step's train op.
+      The step's `guard.GuardResult` (`train_op` runs the step).
     """
     grads_and_vars = tuple(grads_and_vars)
-    stacked = self._sync_step(grads_and_vars, global_step, name)
-    if stacked is not None:  # SyncReplicasOptimizer's: `sync_stacking`.
-      return stacked
+    if self._sync_step(grads_and_vars, global_step, name) is not None:
+      return self._last_result  # SyncReplicasOptimizer's: `sync_stacking`.
     # Before the change (e.g. clipping) the script made after computing.
     raw = raw_gradients.before_changes(
         [(g, v) for g, v in grads_and_vars if g is not None], self._computed)
@@ -223,7 +223,7 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       towers, devices = step_report.tower_flags(grads_and_vars,
                                                 tower_grads_and_vars)
     self._set_report(result, global_step, towers, devices, raw)
-    return result.train_op
+    return result
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
                   optimizers_and_pairs, loss=None, tower_values=None):

@@ -1,9 +1,10 @@
 """The wrapper's report API: the last step's result, fetches, line, hook.
 
 `Reporting` is the part of `SkipNonFiniteOptimizer` a script calls to
-report its skips (`report_fetches`, `describe_skip`, `report_hook`) and to
+report its skips (`report_fetches`, `describe_skip`; its one `report_hook`
+is `wrapper_replay`'s, which also writes skips.jsonl and replays) and to
 check its train op (`check_train_op`); the report itself, the tensors and
-the line, is `step_report.StepReport`.
+the line, is `step_report.StepReport` (its words: `skip_report`).
 """
 
 import tensorflow as tf
@@ -92,16 +93,6 @@ class Reporting(object):
     `tower_grads_and_vars=` or `apply_gradients_per_device`).
     """
     return self._built_report().describe(values)
-
-  def report_hook(self):
-    """A `SessionRunHook` that logs the report of every skipped step.
-
-    For `MonitoredTrainingSession(hooks=[opt.report_hook()])`. It fetches
-    only on runs that run the step, and checks (`check_train_op`) each new
-    set of fetched ops before it runs. `reports` holds the lines logged.
-    """
-    return step_report.StepReportHook(self._built_report(),
-                                      self.check_train_op)
 
   def check_train_op(self, train_op):
     """Names what `train_op` writes outside the skip decision.

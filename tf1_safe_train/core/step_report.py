@@ -15,6 +15,7 @@ from tf1_safe_train.core import hooks
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import reasons
+from tf1_safe_train.core import skip_report
 
 tf1 = tf.compat.v1
 
@@ -116,9 +117,24 @@ class StepReport(object):
 
   def dry_run_lines(self, values):
     """One line per dry-run criterion that would have skipped the run."""
-    return [self.reasons.describe(int(values["step"]), reason,
-                                  values["criteria"], dry_run=True)
-            for reason in self.would_skip(values)]
+    if not values["applied"] or "criteria" not in values:
+      return []
+    return skip_report.dry_run_lines(self.reasons, int(values["step"]),
+                                     values["criteria"])
+
+  def nonfinite_words(self, values):
+    """Where the run's NaN/Inf was (`skip_report.nonfinite_words`; without
+    towers, the variables as computed), or None if no gradient was."""
+    flags = np.asarray(values["flags"], dtype=bool)
+    if not flags.any():
+      return None
+    if "towers" in values:
+      return skip_report.nonfinite_words(values["towers"], flags,
+                                         self._variable_names,
+                                         self._tower_devices)
+    return "non-finite gradients; variables: %s" % raw_gradients.describe(
+        lambda f: skip_report.names(self._variable_names, f), flags,
+        values.get("raw_flags"))
 
   def describe(self, values):
     """The report line of a run's fetched `fetches`, or None if applied.
@@ -133,34 +149,46 @@ class StepReport(object):
     """
     if values["applied"]:
       return None
-    step = int(values["step"])
     reason = self.label(values)
     if reason != reasons.NONFINITE:
-      return self.reasons.describe(step, reason, values["criteria"])
-    flags = np.asarray(values["flags"], dtype=bool)
-    if "towers" in values and flags.any():
-      line = hooks.describe_skip(step, values["towers"], flags,
-                                 self._variable_names, self._tower_devices)
-    elif flags.any():
-      line = "skipped step %d: non-finite gradients; variables: %s" % (
-          step, raw_gradients.describe(
-              lambda f: _names(self._variable_names, f), flags,
-              values.get("raw_flags")))
-    else:
-      line = "skipped step %d" % step
+      return skip_report.line(int(values["step"]), reason, self.reasons,
+                              values["criteria"])
     update_flags = np.asarray(values["update_flags"], dtype=bool)
-    if update_flags.any():
-      line += "; non-finite values written by update ops: %s" % _names(
-          self._update_names, update_flags)
-    return line
+    return skip_report.line(
+        int(values["step"]), nonfinite=self.nonfinite_words(values),
+        suffixes=["non-finite values written by update ops: %s" %
+                  skip_report.names(self._update_names, update_flags)]
+        if update_flags.any() else [])
 
+  def record(self, values, reason, device, worker, **fields):
+    """The skips.jsonl record of a run from its fetched `fetches`.
 
-def _names(names, flags, max_names=5):
-  bad = [n for n, f in zip(names, flags) if f]
-  shown = ", ".join(bad[:max_names])
-  if len(bad) > max_names:
-    shown += ", ... (+%d more, %d in all)" % (len(bad) - max_names, len(bad))
-  return shown
+    Args:
+      values: the fetched `fetches` of the skipped (or, for a dry-run
+        `reason`, applied) run.
+      reason: the skip's label (`label`), or a dry-run criterion's.
+      device: the device of the gradients, for a report without towers.
+      worker: the worker's task index.
+      **fields: more fields (e.g. dry_run=True).
+    """
+    flags = np.asarray(values["flags"], bool)
+    bad_names = [n for n, bad in zip(self._variable_names, flags) if bad]
+    devices = self._tower_devices
+    if "towers" in values:
+      # One fused flag per tower; the averaged gradients' flags name the
+      # variables (a NaN/Inf of any tower survives averaging).
+      tower_bad = np.asarray(values["towers"], bool).reshape(
+          len(devices), -1).any(axis=1)
+    else:
+      tower_bad, devices = [flags.any()], [device]
+    update_flags = np.asarray(values["update_flags"], bool)
+    return skip_report.record(
+        values["step"], worker, reason, self.reasons, values.get("criteria"),
+        towers=skip_report.towers(devices, tower_bad, bad_names),
+        variables=bad_names,
+        update_variables=[n for n, bad in zip(self._update_names,
+                                              update_flags) if bad],
+        **fields)
 
 
 def tower_flags(grads_and_vars, tower_grads_and_vars):

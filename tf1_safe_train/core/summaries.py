@@ -8,7 +8,7 @@ records the finite values and counts the others in a scalar instead.
 
 import tensorflow as tf
 
-from tf1_safe_train.core import reasons
+from tf1_safe_train.core import skip_report
 
 tf1 = tf.compat.v1
 
@@ -74,5 +74,7 @@ def skip_reasons(optimizer, collections=None):
   Returns:
     A scalar string tensor, the summaries merged.
   """
-  return tf1.summary.merge(reasons.add_summaries(
-      optimizer.guard_result().reasons.counts, collections))
+  return tf1.summary.merge([
+      tf1.summary.scalar(tag, value, collections=collections)
+      for tag, value in skip_report.reason_tags(
+          optimizer.guard_result().reasons.counts).items()])

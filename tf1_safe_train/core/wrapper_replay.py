@@ -8,58 +8,16 @@ skip_log_path=...)` appends the trainer's `skip_log` record for every
 skipped step, with that replay when asked (`replay=True`).
 """
 
-import time
-
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import op_walk
-from tf1_safe_train.core import reasons
 from tf1_safe_train.core import replay as replay_lib
 from tf1_safe_train.core import reporting
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import step_report
 
 tf1 = tf.compat.v1
-
-
-def skip_record(values, variable_names, update_names, tower_devices,
-                device, worker, reason="nonfinite", fields=None):
-  """The `skip_log` record of a skipped step from its fetched report values.
-
-  Args:
-    values: the fetched `StepReport.fetches` of the skipped run.
-    variable_names: the checked variables, aligned with the flags.
-    update_names: the variables written by update ops, aligned with
-      "update_flags".
-    tower_devices: the towers' devices when the report knows towers.
-    device: the device of the gradients, for a report without towers.
-    worker: the worker's task index.
-    reason: the skip's label (`StepReport.label`), or a dry-run
-      criterion's would-be skip.
-    fields: more fields (the criterion's values: `reasons.Report.record`).
-  """
-  flags = np.asarray(values["flags"], bool)
-  bad_names = [n for n, bad in zip(variable_names, flags) if bad]
-  if "towers" in values:
-    # One fused flag per tower; the averaged gradients' flags name the
-    # variables (a NaN/Inf of any tower survives averaging).
-    tower_bad = np.asarray(values["towers"], bool).reshape(
-        len(tower_devices), -1).any(axis=1)
-  else:
-    tower_bad, tower_devices = [flags.any()], [device]
-  towers = [{"index": i, "device": tower_devices[i], "nonfinite": bool(bad),
-             "variables": bad_names if bad else []}
-            for i, bad in enumerate(tower_bad)]
-  update_flags = np.asarray(values["update_flags"], bool)
-  return {"step": int(values["step"]), "worker": worker, "time": time.time(),
-          "reason": reason,
-          **(fields or {}),
-          "towers": towers,
-          "variables": bad_names,
-          "update_variables": [n for n, bad in zip(update_names, update_flags)
-                               if bad]}
 
 
 class SkipLogHook(step_report.StepReportHook):
@@ -76,13 +34,8 @@ class SkipLogHook(step_report.StepReportHook):
     self.replays = 0
 
   def _record(self, values, reason, **extra):
-    report = self._report
-    fields = (report.reasons.record(reason, values["criteria"])
-              if reason != reasons.NONFINITE else {})
-    return skip_record(
-        values, report._variable_names, report._update_names,  # pylint: disable=protected-access
-        report._tower_devices, self._device, self._worker, reason,  # pylint: disable=protected-access
-        dict(fields, **extra))
+    return self._report.record(values, reason, self._device, self._worker,
+                               **extra)
 
   def after_run(self, run_context, run_values):
     logged = len(self.reports)

@@ -35,6 +35,7 @@ import tensorflow as tf
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import reasons as reasons_lib
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.core import skip_report
 from tf1_safe_train.trainer import batch_store
 from tf1_safe_train.trainer import disk_full
 from tf1_safe_train.trainer import replay_lib
@@ -137,9 +138,8 @@ class ForensicsHook(core_hooks.GatedHook):
     flags = [bool(f) for f in np.reshape(results["towers"], [-1])]
     reason = (self._reasons.label(results["criteria"]) if self._reasons
               else reasons_lib.NONFINITE)
-    record = {"step": step, "worker": self._worker, "time": time.time(),
-              "reason": reason,
-              "towers": self._towers(results, flags, batches)}
+    record = skip_report.record(step, self._worker, reason,
+                                towers=self._towers(results, flags, batches))
     if left_out and results["applied"]:  # Replayed on the weights after.
       record.update(unit="tower", weights="after the step")
     scale = float(results["scale"]) if "scale" in results else None
@@ -154,13 +154,14 @@ class ForensicsHook(core_hooks.GatedHook):
       # a tower left out for a NaN is no reason of the decision, so a
       # spike of the rest labels its step: both reasons, `_both_reasons`.)
       record.update(verdict=FINITE % reason,
-                    **self._reasons.record(reason, results["criteria"]))
+                    **skip_report.criterion_fields(
+                        self._reasons, reason, results["criteria"]))
       text = "step %d: %s" % (step, record["verdict"])
       self.verdicts[reason] += 1
     elif scale is not None and scale > LOSS_SCALE_FLOOR:
       # fp16: the scale halves and the step is retried on other data; a
       # replay would reproduce the overflow and exclude good examples.
-      record["verdict"] = OVERFLOW % core_hooks.format_scale(scale)
+      record["verdict"] = OVERFLOW % skip_report.format_scale(scale)
       text = "step %d: %s" % (step, record["verdict"])
     elif not offending:
       # E.g. sync replicas: another worker's gradients were non-finite.
@@ -222,7 +223,8 @@ class ForensicsHook(core_hooks.GatedHook):
     non-finite fault (its verdict, replay, exclusion), gets the
     criterion's values and `reasons` (both); returns the line of both."""
     record.update(reasons=[reasons_lib.NONFINITE, reason],
-                  **self._reasons.record(reason, criteria))
+                  **skip_report.criterion_fields(self._reasons, reason,
+                                                 criteria))
     self.verdicts[reason] += 1
     rest = text[len("step %d" % record["step"]):]
     return "step %d: %s; %s" % (record["step"], FINITE % reason,
@@ -239,11 +241,11 @@ class ForensicsHook(core_hooks.GatedHook):
     towers' batches, no replay."""
     towers = self._towers(results, [False] * len(self._devices),
                           self._batches(run_context.session))
-    skip_log.append(skip_log.path(self._params.train_dir, self._worker), dict(
-        step=int(results["step"]), worker=self._worker, time=time.time(),
-        reason=reason, dry_run=True, towers=towers,
-        verdict=DRY_RUN % reason,
-        **self._reasons.record(reason, results["criteria"])))
+    skip_log.append(
+        skip_log.path(self._params.train_dir, self._worker),
+        skip_report.record(results["step"], self._worker, reason,
+                           self._reasons, results["criteria"], dry_run=True,
+                           towers=towers, verdict=DRY_RUN % reason))
     self.records += 1
     self.verdicts[reason + "_would_skip"] += 1
 
@@ -260,13 +262,17 @@ class ForensicsHook(core_hooks.GatedHook):
     # A NaN/Inf of any tower survives averaging: the decision's variables
     # are those of the flagged towers.
     variables = [n for n, f in zip(self._names, results["average"]) if f]
-    return [{"index": t, "device": self._devices[t], "nonfinite": flags[t],
-             "loss": float(results["losses"][t]),
-             "example_ids": [int(i) for i in ids],
-             "batch_hash": batch_store.batch_hash(images, labels),
-             "variables": variables if flags[t] else []}
-            for t, (images, labels, ids) in enumerate(batches)
-            if self._forensics.towers[t] is not None]  # Not quarantined.
+
+    def extra(t):
+      images, labels, ids = batches[t]
+      return {"loss": float(results["losses"][t]),
+              "example_ids": [int(i) for i in ids],
+              "batch_hash": batch_store.batch_hash(images, labels)}
+
+    return skip_report.towers(
+        self._devices, flags, variables, extra,
+        [t for t in range(len(batches))
+         if self._forensics.towers[t] is not None])  # Not quarantined.
 
   def _summarize(self, step, text, reproduced, seconds):
     if not self._summary_dir:

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import reasons as reasons_lib
+from tf1_safe_train.core import skip_report
 
 tf1 = tf.compat.v1
 
@@ -46,7 +47,9 @@ class ProgressHook(core_hooks.GatedHook):
       learning_rate: float scalar tensor.
       counters: `SkipCounters` of tensors read after the step.
       examples_per_step: examples consumed by one step (all towers).
-      every_n_steps: log every this many steps.
+      every_n_steps: log after each step whose index is a multiple of
+        this (the line names the index, as a skip's line does, and counts
+        that step), and after the run's last (index max_steps - 1).
       summary_dir: if set, also write an `examples_per_sec` summary there.
       loss_scale: optional float scalar tensor (the loss scale after the
         step), shown in the line.
@@ -97,7 +100,10 @@ class ProgressHook(core_hooks.GatedHook):
       self._last_time, self._last_step = now, step
       self._marks.append((now, step + 1))
       return
-    if (step + 1) % self._every_n:
+    # Named by the step's index (global_step at its start), as a skip's
+    # line names it, and logged after it: its counts include its own skip.
+    last = self._max_steps and step + 1 >= self._max_steps
+    if step % self._every_n and not last:
       return
     steps = step - self._last_step
     if steps > 0:
@@ -105,9 +111,9 @@ class ProgressHook(core_hooks.GatedHook):
                                max(now - self._last_time, 1e-9))
     self._last_time, self._last_step = now, step
     counters = results["counters"]
-    spikes = reasons_lib.progress_words(results.get("skip_reasons") or {})
+    spikes = skip_report.progress_words(results.get("skip_reasons") or {})
     self._marks.append((now, step + 1))
-    progress, eta = "%d" % (step + 1), ""
+    progress, eta = "%d" % step, ""
     if self._max_steps:
       progress += "/%d" % self._max_steps
       eta = "  ETA " + format_eta(self._eta())
@@ -117,7 +123,7 @@ class ProgressHook(core_hooks.GatedHook):
         progress, results["loss"], results["lr"],
         "%.1f" % self.examples_per_sec if self.examples_per_sec else "-",
         counters.applied_steps, counters.skipped_steps, spikes,
-        "  loss scale %s" % core_hooks.format_scale(results["loss_scale"])
+        "  loss scale %s" % skip_report.format_scale(results["loss_scale"])
         if "loss_scale" in results else "", eta)
     if self._summary_dir and self.examples_per_sec:
       writer = tf1.summary.FileWriterCache.get(self._summary_dir)
@@ -139,7 +145,7 @@ class SkipReportHook(core_hooks.GatedHook):
       step_index: int scalar tensor, global_step at the start of the step.
       applied: bool scalar tensor from the decision.
       tower_flags: bool tensor [num_towers, num_variables] or [num_towers]
-        (see `describe_skip`).
+        (see `skip_report.nonfinite_words`).
       average_flags: bool tensor [num_variables].
       variable_names: Python list aligned with the flags.
       tower_devices: Python list of each tower's device string.
@@ -163,40 +169,40 @@ class SkipReportHook(core_hooks.GatedHook):
     self._variable_names = list(variable_names)
     self._tower_devices = list(tower_devices)
 
+  @classmethod
+  def of_step(cls, step):
+    """The hook of a `train_step.Step`."""
+    report = step.report
+    return cls(step.step_index, step.applied, report.tower_flags,
+               report.average_flags, report.variable_names,
+               report.tower_devices, loss_scale=step.loss_scale_before,
+               reasons=step.reasons)
+
   def after_run(self, run_context, run_values):
     if not self._fetched:
       return
     results = run_values.results
     step = int(results["step"])
+    criteria = results.get("criteria")
     if results["applied"]:
-      for would in (self._reasons.would_skip(results["criteria"])
-                    if self._reasons else []):
-        logging.warning("%s", self._reasons.describe(
-            step, would.reason, results["criteria"], dry_run=True))
+      for line in (skip_report.dry_run_lines(self._reasons, step, criteria)
+                   if self._reasons else []):
+        logging.warning("%s", line)
       return
-    reason = (self._reasons.label(results["criteria"]) if self._reasons
+    reason = (self._reasons.label(criteria) if self._reasons
               else reasons_lib.NONFINITE)
-    report = core_hooks.describe_skip(step, results["towers"],
-                           results["average"], self._variable_names,
-                           self._tower_devices)
-    if reason != reasons_lib.NONFINITE:
-      line = self._reasons.describe(step, reason, results["criteria"])
-      if np.any(results["towers"]):
-        # --skip_unit=tower: a tower left out for a NaN/Inf in the step a
-        # finite criterion skipped; both reasons.
-        line += "; and " + report.split(": ", 1)[1]
-      logging.warning("%s", line)
-      return
-    if "loss_scale" in results:
-      scale = float(results["loss_scale"])
-      if scale > self._floor:
-        report += ("; loss-scale overflow at scale %s (expected: the scale "
-                   "halves)" % core_hooks.format_scale(scale))
-      else:
-        report += ("; at the floor loss scale %s: a real fault (counts "
-                   "toward --max_consecutive_skips)"
-                   % core_hooks.format_scale(scale))
-    logging.warning("%s", report)
+    towers = np.asarray(results["towers"], bool)
+    # A finite criterion's skip names the towers --skip_unit=tower left out
+    # for a NaN/Inf in that step, if any (both reasons).
+    words = (skip_report.nonfinite_words(
+        towers, results["average"], self._variable_names,
+        self._tower_devices)
+             if reason == reasons_lib.NONFINITE or towers.any() else None)
+    suffixes = ([skip_report.loss_scale_words(results["loss_scale"],
+                                              self._floor)]
+                if "loss_scale" in results else [])
+    logging.warning("%s", skip_report.line(step, reason, self._reasons,
+                                           criteria, words, suffixes))
 
 
 class StopAtStepHook(tf1.train.StopAtStepHook):

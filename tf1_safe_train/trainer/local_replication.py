@@ -15,10 +15,12 @@ The interface, in the order the runner uses it:
   `tower_devices()`         the towers' full device strings, for reports
   `statistics(update_ops)`  (statistics deltas decided with the gradients,
                             update ops the decision rolls back)
-  `decider(guarded)`        what applies the gradients: the step's
-                            `SkipNonFiniteOptimizer`, or what calls it
-  `result(guarded, pairs, tower_nonfinite)`  the `guard.GuardResult`
-                            the reports show
+  `decide(guarded, pairs, global_step, tower_nonfinite, **kwargs)`
+                            applies the gradients through the step's
+                            `SkipNonFiniteOptimizer` (or what calls it);
+                            returns a `Decided`: the step's op, the
+                            `guard.GuardResult` the reports show, the
+                            decision's `reasons.Report` (its counters)
   `after_build(step)`       ops the end of the run needs
   `step_hooks()`            hooks that run the step's own machinery
   `session(scaffold, hooks, stopped_by_signal, first_hooks=())`  the
@@ -26,12 +28,14 @@ The interface, in the order the runner uses it:
   `finish()`, `summary_fields()`  after the session closed
 
 The hooks of a run, in order: a cluster worker's `EndOfRunHook` first (so
-its `end` precedes the final checkpoint), the runner's `first_hooks` (what
-must be written before a checkpoint covers the step: the skip records),
-the chief's summary and checkpoint savers, then the runner's other hooks
+its `end` precedes the final checkpoint), the runner's `first_hooks` (a
+skip's line, then what must be written before a checkpoint covers the
+step: its record), the chief's summary and checkpoint savers, then the
+runner's other hooks
 (`train_lib`), with `step_hooks()` after its reporting hooks.
 """
 
+import collections
 import contextlib
 
 import tensorflow as tf
@@ -39,6 +43,17 @@ import tensorflow as tf
 from tf1_safe_train.trainer import towers
 
 tf1 = tf.compat.v1
+
+Decided = collections.namedtuple("Decided", ["step_op", "result", "reasons"])
+Decided.__doc__ = """A strategy's decision on the step (`decide`).
+
+Attributes:
+  step_op: applies (or skips) the step.
+  result: the `guard.GuardResult` the reports show (a sync worker's own
+    view: `cluster.sync_replicas.replica_view`).
+  reasons: the decision's `reasons.Report`, whose counters the run reads
+    (a sync worker: the chief's decision's, the counts being shared).
+"""
 
 
 class Local(object):
@@ -72,14 +87,12 @@ class Local(object):
     """In one process the decision rolls the update ops back itself."""
     return [], update_ops
 
-  def decider(self, guarded):
-    """What the step's gradients are applied with: the guarded wrapper."""
-    return guarded
-
-  def result(self, guarded, pairs, tower_nonfinite):
-    """The `guard.GuardResult` the reports show."""
-    del pairs, tower_nonfinite  # The decision checked every tower's.
-    return guarded.guard_result()
+  def decide(self, guarded, pairs, global_step, tower_nonfinite, **kwargs):
+    """Applies `pairs` through the guarded wrapper: its result, returned."""
+    del tower_nonfinite  # The decision checked every tower's.
+    result = guarded.apply_gradients_with_result(
+        pairs, global_step=global_step, **kwargs)
+    return Decided(result.train_op, result, result.reasons)
 
   def after_build(self, step):
     del step  # Nothing outlives a local run.

@@ -12,7 +12,7 @@ import os
 import tensorflow as tf
 
 from tf1_safe_train.core import counters as counters_lib
-from tf1_safe_train.core import reasons
+from tf1_safe_train.core import skip_report
 from tf1_safe_train.trainer import checkpoints
 
 tf1 = tf.compat.v1
@@ -89,17 +89,15 @@ def build(params, latest, steps_run, first_step_time, start, end,
   timed_seconds = end - first_step_time if first_step_time else 0.0
   counters = latest["counters"]
   # One counter per reason (`reasons.Report.counts`), each its own count.
-  by_reason = reasons.summary_counts(latest.get("skip_reasons") or {})
+  by_reason = skip_report.summary_fields(latest.get("skip_reasons") or {})
   return {
+      # (With the fields from before skips_by_reason: nonfinite_skips, ...)
       **by_reason,
       **({"loss_scale": float(latest["loss_scale"])}
          if "loss_scale" in latest else {}),
       "global_step": int(latest["global_step"]),
       "applied_steps": int(counters.applied_steps),
       "skipped_steps": int(counters.skipped_steps),
-      # (The fields from before skips_by_reason.)
-      "nonfinite_skips": by_reason["skips_by_reason"].get("nonfinite", 0),
-      "spike_skips": by_reason["skips_by_reason"].get("spike", 0),
       "consecutive_skips": int(counters.consecutive_skips),
       "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
       "nonfinite_steps_by_tower": [

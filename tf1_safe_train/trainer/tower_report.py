@@ -9,6 +9,7 @@ from absl import logging
 import numpy as np
 
 from tf1_safe_train.core import hooks as core_hooks
+from tf1_safe_train.core import skip_report
 
 
 def describe(step, grad_flags, loss_flags, devices, scale=None,
@@ -36,7 +37,7 @@ def describe(step, grad_flags, loss_flags, devices, scale=None,
       step, "; ".join(parts), active - len(left), active)
   if scale is not None:
     line += ("; loss scale %s halves (as on an overflow)"
-             % core_hooks.format_scale(scale))
+             % skip_report.format_scale(scale))
   return line
 
 

@@ -27,6 +27,7 @@ from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import quarantine as quarantine_lib
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import segments as segments_lib
+from tf1_safe_train.trainer import step_summaries
 from tf1_safe_train.trainer import tower_report
 from tf1_safe_train.trainer import tower_unit
 from tf1_safe_train.trainer import train_dir as train_dir_lib
@@ -171,6 +172,8 @@ class _RunHooks(object):
     self.give_up = checkpoint_rollback.give_up_hook(
         params, step.loss_scale.floor_skips if step.loss_scale
         else step.counters.consecutive_skips, step)
+    # A skip's line, then (`explain`) its explanation.
+    self.skip_line = hooks_lib.SkipReportHook.of_step(step)
     self.on_signal = segments.on_signal  # The process's (`segments`).
     self.state_check = finite_state.FiniteStateCheck()
     self.state_hook = finite_state.NonFiniteStateHook(
@@ -179,9 +182,8 @@ class _RunHooks(object):
 
   def in_order(self, extra_hooks):
     """The hooks in the order they run (the strategy puts its own around
-    them; `explain` runs first, as the session's `first_hooks`)."""
+    them; `skip_line`, then `explain`, run first: `first_hooks`)."""
     params, step = self._params, self._step
-    report = step.report
     return [
         hooks_lib.StopAtStepHook(params.max_steps),
         hooks_lib.ProgressHook(
@@ -191,11 +193,8 @@ class _RunHooks(object):
             loss_scale=step.loss_scale.scale if step.loss_scale else None,
             skip_reasons=step.totals.get("skip_reasons"),
             max_steps=params.max_steps),
-        hooks_lib.SkipReportHook(
-            step.step_index, step.applied, report.tower_flags,
-            report.average_flags, report.variable_names, report.tower_devices,
-            loss_scale=step.loss_scale_before, reasons=step.reasons),
         *([tower_report.LeftOutHook(step)] if step.tower_unit else []),
+        *step_summaries.counters_hooks(step, params, self._strategy),
         self.give_up, self.on_signal, self.stats,
         *self._strategy.step_hooks(),
         self.state_hook,
@@ -246,9 +245,9 @@ def _run_steps(step, strategy, scaffold, run, run_hooks, segments,
   rebuild = False
   try:
     # A skip's record is appended before a checkpoint covering its step.
-    with strategy.session(scaffold, run_hooks,
-                          lambda: on_signal.interrupted,
-                          first_hooks=[run.explain]) as session:
+    with strategy.session(
+        scaffold, run_hooks, lambda: on_signal.interrupted,
+        first_hooks=[run.skip_line, run.explain]) as session:
       while not session.should_stop():
         session.run(step.train_op)
         if run.first_step_time is None:

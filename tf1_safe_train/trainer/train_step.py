@@ -13,10 +13,10 @@ gradients are applied with):
   2. `towers.average_gradients`: averaged over the towers (with
      --skip_unit=tower, `tower_unit.TowerUnit.average_gradients`: over the
      healthy ones);
-  3. `optimizer.SkipNonFiniteOptimizer.apply_gradients`, the library's one
-     guarded step (the public wrapper), called here (`build_step`) or, with
-     sync replicas, by TF's `SyncReplicasOptimizer` on the chief with the
-     aggregate of every worker's;
+  3. `optimizer.SkipNonFiniteOptimizer.apply_gradients_with_result`, the
+     library's one guarded step (the public wrapper), called by the
+     strategy's `decide` (its result returned) or, with sync replicas, by
+     TF's `SyncReplicasOptimizer` on the chief with every worker's;
   4. `guard.decide`: checked, then the `tf.cond` whose apply branch
      calls back `applied_update.AppliedUpdate.apply_gradients` (clip, apply,
      statistics, EMA).
@@ -187,8 +187,8 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
 
 def _decide(strategy, state, built, guarded, loss):
   """Applies the averaged gradients through `guarded`, as the strategy
-  decides; returns (step op, `GuardResult`, the report's tower flags,
-  per-variable flags and names)."""
+  decides: (its `Decided`, the report's tower flags, per-variable flags
+  and names)."""
   pairs = list(built.grads_and_vars) + built.statistics
   tower_nonfinite = built.nonfinite
   # For the criteria (run if one reads them); sync replicas' chief has none.
@@ -198,9 +198,9 @@ def _decide(strategy, state, built, guarded, loss):
         "loss": tf.stack([loss for loss, _, _ in built.outputs]),
         "nonfinite": tower_nonfinite})
   with tf1.control_dependencies([state.step_index]):
-    step_op = strategy.decider(guarded).apply_gradients(
-        pairs, global_step=state.global_step, **kwargs)
-  result = strategy.result(guarded, pairs, tower_nonfinite)
+    decided = strategy.decide(guarded, pairs, state.global_step,
+                              tower_nonfinite, **kwargs)
+  result = decided.result  # (Returned: not the wrapper's `guard_result()`.)
   average_flags, names = result.nonfinite_flags, result.variable_names
   if result.update_variable_names:
     # The checked statistics are tower 0's (as in a cluster).
@@ -213,7 +213,7 @@ def _decide(strategy, state, built, guarded, loss):
                                   built.unit.nonfinite_variables(names))
   if len(built.outputs) == 1:
     tower_nonfinite = tf.reshape(tf.reduce_any(average_flags), [1])
-  return step_op, result, tower_nonfinite, average_flags, names
+  return decided, tower_nonfinite, average_flags, names
 
 
 def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
@@ -271,16 +271,16 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     loss = unit.loss if unit else (
         tf.add_n([loss for loss, _, _ in built.outputs]) /
         float(len(built.outputs)))
-    step_op, result, tower_nonfinite, average_flags, names = _decide(
+    decided, tower_nonfinite, average_flags, names = _decide(
         strategy, state, built, guarded, loss)
-    # A left-out tower 0's batch is no control batch (`batch_store`).
+    step_op, result = decided.step_op, decided.result
+    # (A left-out tower 0's batch is no control batch: `batch_store`.)
     keep = built.inputs.keep_if_applied(
         tf.logical_and(result.applied, unit.keep_updates) if unit
         else result.applied, state.step_index)
-    train_op = tf.group(step_op, keep,
-                        *state.updates(step_op, tower_nonfinite),
-                        name="train_op")
-    totals, after = state.totals(train_op, guarded.guard_result().reasons)
+    train_op = tf.group(step_op, keep, *state.updates(
+        step_op, tower_nonfinite), name="train_op")
+    totals, after = state.totals(train_op, decided.reasons)
     if unit:
       with tf1.control_dependencies([train_op]):
         totals[tower_unit_lib.REJECTED] = tf.identity(
