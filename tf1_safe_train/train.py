@@ -64,7 +64,7 @@ def make_params(f, visible_gpus):
     raise params_lib.ParamsError(
         "--device=gpu%s, but TensorFlow sees no GPU (0 GPU(s) are visible): "
         "use --device=cpu, or install TensorFlow with GPU support "
-        "(TF1_SAFE_TRAIN_GPU=1 ./bazelw ..., see the README's quick start) "
+        "(TF1_SAFE_TRAIN_GPU=1 ./bazelw ..., see the README's Install) "
         "and check that the driver sees the GPU" % (
             "" if num_towers is None else " --num_towers=%s" % num_towers))
   if num_towers is None:
