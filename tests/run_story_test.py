@@ -87,6 +87,18 @@ class RunStoryTest(tf.test.TestCase):
     self.assertStartsWith(lines["Precision"], "fp16, dynamic loss scale")
     self.assertEqual(lines["Steps"],
                      "resumed from step 60 (model.ckpt-60), to step 100")
+    self.assertEqual(lines["Batch size"], "32 per tower, 32 per step")
+
+  def testTheBannerOfASynchronousWorker(self):
+    lines = dict(run_story.banner(
+        _Params(sync_replicas=True), ["/job:worker/task:1/device:CPU:0"],
+        None, None, None, num_workers=2, worker_index=1, is_chief=False))
+    self.assertEqual(lines["Worker"], "1 of 2, synchronous replicas")
+    self.assertEqual(lines["Batch size"],
+                     "32 per tower, 32 per step, 64 per step of all 2 "
+                     "workers")
+    self.assertEqual(lines["Steps"],
+                     "from the chief's checkpoint, if any, to step 100")
 
   def testTheLastLineOfARunThatRanNoStep(self):
     self.assertEqual(

@@ -43,7 +43,8 @@ def banner(params, tower_devices, variables_device, criteria, resume,
   towers = "%d (%s)" % (len(tower_devices), towers)
   if isinstance(variables_device, str) and variables_device:
     towers += "; variables on %s" % variables_device
-  per_step = params.batch_size * len(tower_devices)
+  # A quarantined tower reads no input.
+  per_step = params.batch_size * (len(tower_devices) - len(quarantined))
   batch = "%d per tower, %d per step" % (params.batch_size, per_step)
   lines = [("Model", "%s on %s, %s optimizer, learning rate %g (%s)" % (
       params.model, params.dataset, params.optimizer, params.learning_rate,
@@ -52,8 +53,10 @@ def banner(params, tower_devices, variables_device, criteria, resume,
     lines.append(("Worker", "%d of %d%s, %s replicas" % (
         worker_index, num_workers, " (chief)" if is_chief else "",
         "synchronous" if params.sync_replicas else "asynchronous")))
-    batch += ", %d per step of all %d workers" % (per_step * num_workers,
-                                                  num_workers)
+    # Asynchronous workers each apply their own steps.
+    batch += (", %d per step of all %d workers" % (per_step * num_workers,
+                                                   num_workers)
+              if params.sync_replicas else ", on each worker")
   lines += [
       ("Towers", towers),
       ("Batch size", batch),
