@@ -109,14 +109,24 @@ class RunStoryTest(tf.test.TestCase):
         "summary: /tmp/d/run_summary.json")
 
   def testTheLastLineNamesTowersLeftOut(self):
-    line = run_story.summary_line(
-        {"global_step": 20, "exit_reason": "max_steps", "steps_this_run": 20,
-         "applied_steps": 20, "skipped_steps": 0,
-         "skips_by_reason": {"nonfinite": 0}, "rejected_by_tower": [0, 3],
-         "final_loss": 1.5, "examples_per_sec": None, "wall_seconds": 4.0})
+    summary = {"global_step": 20, "exit_reason": "max_steps",
+               "steps_this_run": 20, "applied_steps": 20, "skipped_steps": 0,
+               "skips_by_reason": {"nonfinite": 0},
+               "rejected_by_tower": [0, 3], "final_loss": 1.5,
+               "examples_per_sec": None, "wall_seconds": 4.0}
+    line = run_story.summary_line(summary)
+    self.assertIn("20 steps run, applied 20", line)
     self.assertIn("skipped 0, towers left out 3 (by tower [0, 3])", line)
     self.assertIn("total examples/sec -", line)
     self.assertTrue(line.endswith("run summary: written by the chief"), line)
+
+  def testAClusterWorkersLastLineCountsItsOwnSteps(self):
+    line = run_story.summary_line(
+        {"global_step": 5, "exit_reason": "max_steps", "steps_this_run": 4,
+         "applied_steps": 5, "skipped_steps": 0, "final_loss": 2.0,
+         "examples_per_sec": 7.5, "wall_seconds": 9.7,
+         "cluster": {"num_workers": 2}}, "/tmp/d")
+    self.assertIn("(max_steps): 4 steps run by this worker, applied 5", line)
 
 
 class _Criterion(object):

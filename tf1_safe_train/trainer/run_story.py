@@ -171,7 +171,10 @@ def summary_line(summary, train_dir=None):
     by_reason = summary.get("skips_by_reason") or {}
     reasons_words = ", ".join("%s %d" % (r, n)
                               for r, n in sorted(by_reason.items()) if n)
-    words = ["%d step%s run" % (run, "" if run == 1 else "s"),
+    # A cluster's worker counts its own runs of the step; others' add up.
+    words = ["%d step%s run%s" % (run, "" if run == 1 else "s",
+                                  " by this worker" if "cluster" in summary
+                                  else ""),
              "applied %s" % summary.get("applied_steps"),
              "skipped %s%s" % (summary.get("skipped_steps"),
                                " (%s)" % reasons_words if reasons_words
