@@ -64,7 +64,7 @@ def make_params(f, visible_gpus):
     raise params_lib.ParamsError(
         "--device=gpu%s, but TensorFlow sees no GPU (0 GPU(s) are visible): "
         "use --device=cpu, or install TensorFlow with GPU support "
-        "(TF1_SAFE_TRAIN_GPU=1 ./bazelw ..., see the README's quick start) "
+        "(TF1_SAFE_TRAIN_GPU=1 ./bazelw ..., see the README's Install) "
         "and check that the driver sees the GPU" % (
             "" if num_towers is None else " --num_towers=%s" % num_towers))
   if num_towers is None:
@@ -155,7 +155,6 @@ def _run(cluster):
   from tf1_safe_train.trainer import checkpoint_rollback_target
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
-  from tf1_safe_train.trainer import run_summary
   from tf1_safe_train.trainer import tower_unit
   from tf1_safe_train.trainer import train_lib
   # pylint: enable=g-import-not-at-top
@@ -214,9 +213,6 @@ def _run(cluster):
                        cli.describe_op_error(e), params.batch_size,
                        params.num_towers, params.train_dir), 1)
     cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
-  if cluster is None or cluster.is_chief:
-    logging.info("run summary: %s", os.path.join(params.train_dir,
-                                                 run_summary.RUN_SUMMARY))
   if summary["exit_reason"] == "nonfinite_state":
     cli.fail(_PROGRAM, summary["nonfinite_state"], 1)
   if summary["exit_reason"] == "model_fault":

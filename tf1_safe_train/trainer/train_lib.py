@@ -1,11 +1,11 @@
 """The trainer's runner: the session, its hooks, the run summary.
 
 `train(params)` builds the step (`train_step.build_step`) as the run's
-replication strategy places and decides it (`local_replication.Local`, or
-the one a binary passes: a worker of a between-graph cluster, asynchronous
-or synchronous, `tf1_safe_train.cluster.replication`), runs it under a
-MonitoredSession until the run ends and writes
-`<train_dir>/run_summary.json`.
+replication strategy places and decides it (`local_replication.Local`, or a
+binary's: a worker of a between-graph cluster, asynchronous or synchronous,
+`tf1_safe_train.cluster.replication`), runs it under a MonitoredSession to
+the run's end and writes `<train_dir>/run_summary.json` (`run_story`: what
+the log says first and last).
 """
 
 import contextlib
@@ -25,6 +25,7 @@ from tf1_safe_train.trainer import last_good
 from tf1_safe_train.trainer import local_replication
 from tf1_safe_train.trainer import params as params_lib
 from tf1_safe_train.trainer import quarantine as quarantine_lib
+from tf1_safe_train.trainer import run_story
 from tf1_safe_train.trainer import run_summary
 from tf1_safe_train.trainer import segments as segments_lib
 from tf1_safe_train.trainer import step_summaries
@@ -35,7 +36,6 @@ from tf1_safe_train.trainer import train_step
 from tf1_safe_train.trainer import verdict_counts
 
 tf1 = tf.compat.v1
-
 
 TrainDirError = train_dir_lib.TrainDirError  # Its old home; train.py's.
 
@@ -88,6 +88,7 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
         summary, restart = _train(params, extra_hooks, dataset_fn, strategy,
                                   criteria, clear, segments)
         if not restart:
+          run_story.log_end(summary, params.train_dir if chief else None)
           return summary
         clear = False
     finally:
@@ -125,6 +126,7 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear,
     if strategy.is_chief:
       resume = checkpoints.prepare_resume(params.train_dir,
                                           tf1.global_variables(), params)
+    run_story.log_start(params, step, strategy, resume, quarantine)
     saver = _saver(params, step, run.state_check, run.state_hook, resume)
     if isinstance(run.give_up, checkpoint_rollback.RollbackHook):
       run.give_up.attach(resume)
