@@ -10,6 +10,7 @@ values (issue 37, points 2 and 6).
 
 import glob
 import os
+import tempfile
 
 import tensorflow as tf
 
@@ -39,7 +40,7 @@ class RunReportTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.train_dir = os.path.join(tf1.test.get_temp_dir(), "run")
+    cls.train_dir = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
     with run_logs.capture(level="INFO") as logs:
       cls.summary = train_lib.train(forensics_params.params(
           cls.train_dir, max_steps=_STEPS, log_every_n_steps=5,
