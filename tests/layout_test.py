@@ -9,8 +9,8 @@ or cli.py, which sit above all. Checked statically (every import written in
 a folder's modules, also those inside functions), and for core also by
 importing every core module in a fresh process.
 
-And the sizes that keep the house readable: no module over 300 lines, no
-function of the step or the runner over 60 code lines.
+And the sizes that keep the house readable: no function of the package over
+60 code lines; modules over 300 lines are named (a warning, not a failure).
 """
 
 import ast
@@ -38,19 +38,28 @@ _RANK = {name: rank for rank, layer in enumerate(_LAYERS) for name in layer}
 _ABOVE_CORE = tuple("tf1_safe_train." + name
                     for layer in _LAYERS[1:] for name in layer)
 
-# One concept per module, each small (the style guide's "under ~300").
+# One concept per module, each small (the style guide's "under ~300"): a
+# warning, not a wall (issue #34): concepts, not the count, decide where
+# code goes; the test prints the modules over it.
 _MAX_MODULE_LINES = 300
 
-# The step and the runner, read top to bottom: no function of theirs over
-# this many code lines (`code_lines`).
+# Every function of the package reads top to bottom: none over this many
+# code lines (`code_lines`).
 _MAX_FUNCTION_CODE_LINES = 60
-_STEP_AND_RUNNER = ("trainer/train_step.py", "trainer/train_lib.py")
 # The decision too (its criteria, one loop): module -> a function of it.
 _DECISION = {"core/guard.py": "decide", "core/verdict.py": "with_flags",
              "core/guard_parts.py": "done", "core/criteria.py": "decision",
              "core/reasons.py": "Decision.on_skip"}
 # The guard's function (`guard.decide`): at most this many parameters.
 _MAX_GUARD_PARAMETERS = 7
+# Issue #34: functions over the limit in modules other helpers are
+# rewriting now (they meet the rule themselves); the lead removes this
+# allow-list once their work has merged. "path:function".
+_LONG_FUNCTIONS_ALLOWED_FOR_NOW = frozenset((
+    "core/guard.py:guarded_apply",
+    "trainer/forensics.py:ForensicsHook.after_run",
+    "trainer/param_validation.py:check_train",
+))
 
 
 def _imported_modules(source):
@@ -258,15 +267,18 @@ class LayoutTest(tf.test.TestCase):
                            "cli.py": 400}),
         ["cli.py: 400 lines", "trainer/b.py: 301 lines"])
 
-  def testNoModuleIsOverThreeHundredLines(self):
+  def testModulesOverThreeHundredLinesAreReportedNotFailed(self):
+    # A warning: one concept may need more lines, and a module split only
+    # to meet the count scatters its concept.
     top = os.path.dirname(tf1_safe_train.__file__)
     lengths = {}
     for path in _package_modules():
       with open(os.path.join(top, path)) as f:
         lengths[path] = len(f.read().splitlines())
     self.assertIn("trainer/train_lib.py", lengths)
-    self.assertEqual(over_long_modules(lengths), [],
-                     "split these modules by concept")
+    for line in over_long_modules(lengths):
+      print("layout_test: warning: module over %d lines (one concept?): %s"
+            % (_MAX_MODULE_LINES, line))
 
   def testCodeLinesCountNeitherBlanksNorCommentsNorDocstrings(self):
     self.assertEqual(code_lines(
@@ -289,17 +301,19 @@ class LayoutTest(tf.test.TestCase):
         "    pass\n"),
                      {"f": 6, "f.g": 3, "C.m": 2})
 
-  def testNoFunctionOfTheStepOrRunnerIsOverSixtyCodeLines(self):
+  def testNoFunctionIsOverSixtyCodeLines(self):
     top = os.path.dirname(tf1_safe_train.__file__)
     long_ones = []
-    for path in _STEP_AND_RUNNER:
+    seen = set()
+    for path in _package_modules():
       with open(os.path.join(top, path)) as f:
         lengths = code_lines(f.read())
-      self.assertIn("train" if path.endswith("lib.py") else "build_step",
-                    lengths)
       for function, n in sorted(lengths.items()):
-        if n > _MAX_FUNCTION_CODE_LINES:
+        seen.add("%s:%s" % (path, function))
+        if (n > _MAX_FUNCTION_CODE_LINES and "%s:%s" % (path, function)
+            not in _LONG_FUNCTIONS_ALLOWED_FOR_NOW):
           long_ones.append("%s:%s: %d code lines" % (path, function, n))
+    self.assertIn("trainer/train_lib.py:train", seen)
     self.assertEqual(long_ones, [], "split these functions by concept")
 
   def testNoFunctionOfTheDecisionIsOverSixtyCodeLines(self):

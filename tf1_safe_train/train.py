@@ -152,7 +152,6 @@ def _run(cluster):
   from tf1_safe_train.cluster import replication
   from tf1_safe_train.data import cifar10
   from tf1_safe_train.trainer import checkpoint_rollback
-  from tf1_safe_train.trainer import checkpoint_rollback_target
   from tf1_safe_train.trainer import checkpoints
   from tf1_safe_train.trainer import injection
   from tf1_safe_train.trainer import tower_unit
@@ -194,42 +193,54 @@ def _run(cluster):
   except cluster_lib.ClusterError as e:  # A ps unreachable, a port in use.
     cli.fail(_PROGRAM, e, 1)
   except (tf.errors.OpError, OSError) as e:
-    if disk_full.path_of(e) is not None:
-      # TensorFlow reports it as ResourceExhaustedError, as a failed
-      # allocation, but a smaller --batch_size would not help.
-      cli.fail_now(_PROGRAM, "%s; free space on that disk (or train in a "
-                   "--train_dir on another); the last complete checkpoint "
-                   "there is intact and a rerun resumes from it" %
-                   disk_full.describe(e), 1)
-    if isinstance(e, OSError):
-      raise
-    if isinstance(e, tf.errors.ResourceExhaustedError):
-      # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
-      # free huge buffers while Python tears down, which ended in a segfault
-      # and a thread dump after the message.
-      cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
-                   "tower(s); lower --batch_size (or --num_towers); the last "
-                   "checkpoint in %s is intact" % (
-                       cli.describe_op_error(e), params.batch_size,
-                       params.num_towers, params.train_dir), 1)
-    cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
+    _fail_on_error(tf, e, params)
+  _report_end(params, summary)
+
+
+def _fail_on_error(tf, e, params):
+  """Ends the program on the run's error `e`, saying what to do."""
+  if disk_full.path_of(e) is not None:
+    # TensorFlow reports it as ResourceExhaustedError, as a failed
+    # allocation, but a smaller --batch_size would not help.
+    cli.fail_now(_PROGRAM, "%s; free space on that disk (or train in a "
+                 "--train_dir on another); the last complete checkpoint "
+                 "there is intact and a rerun resumes from it" %
+                 disk_full.describe(e), 1)
+  if isinstance(e, OSError):
+    raise e
+  if isinstance(e, tf.errors.ResourceExhaustedError):
+    # Not sys.exit: after an OOM, TensorFlow's threads may still hold or
+    # free huge buffers while Python tears down, which ended in a segfault
+    # and a thread dump after the message.
+    cli.fail_now(_PROGRAM, "out of memory (%s) with --batch_size=%d on %d "
+                 "tower(s); lower --batch_size (or --num_towers); the last "
+                 "checkpoint in %s is intact" % (
+                     cli.describe_op_error(e), params.batch_size,
+                     params.num_towers, params.train_dir), 1)
+  cli.fail(_PROGRAM, cli.describe_op_error(e), 1)
+
+
+def _report_end(params, summary):
+  """Ends the program of a run that gave up (its reason, the last good
+  checkpoint)."""
+  # pylint: disable=g-import-not-at-top
+  from tf1_safe_train.trainer import checkpoint_rollback_target
+  # (The run's last line, naming the run summary, is train_lib's: run_story.)
   if summary["exit_reason"] == "nonfinite_state":
     cli.fail(_PROGRAM, summary["nonfinite_state"], 1)
+  refused = ("; " + summary["rollback_refused"]
+             if "rollback_refused" in summary else "")
   if summary["exit_reason"] == "model_fault":
     cli.fail(_PROGRAM, "stopped at step %d: every batch fails on these "
              "weights: the model, not the data (skip of step %d in "
              "skips.jsonl; nothing excluded)%s; %s" % (
-                 summary["global_step"], summary["model_fault_step"],
-                 "; " + summary["rollback_refused"]
-                 if "rollback_refused" in summary else "",
+                 summary["global_step"], summary["model_fault_step"], refused,
                  _last_good(checkpoint_rollback_target, params, summary)), 1)
   if summary["exit_reason"] == "too_many_consecutive_skips":
     cli.fail(_PROGRAM, "gave up after %d consecutive skipped steps at step "
              "%d (--max_consecutive_skips=%d)%s; %s" % (
                  summary["consecutive_skips"], summary["global_step"],
-                 params.max_consecutive_skips,
-                 "; " + summary["rollback_refused"]
-                 if "rollback_refused" in summary else "",
+                 params.max_consecutive_skips, refused,
                  _last_good(checkpoint_rollback_target, params, summary)), 1)
 
 
