@@ -39,7 +39,7 @@ TRAINER = "tf1_safe_train/trainer"
 SUBPACKAGES = {
     "step": ("The step //:train builds: the towers' loss and gradients,\n"
              "the criteria, the guarded apply, its bookkeeping and summaries.",
-             ["train_step", "tower_loss", "step_criteria", "step_state",
+             ["train_step", "tower_loss", "step_state",
               "step_summaries", "applied_update", "precision",
               "optimization"]),
     "drills": ("The --inject_nonfinite drills: the spec, parsed once, and\n"
@@ -56,7 +56,7 @@ SUBPACKAGES = {
             "replication interface, signals, train_dir, the run summary,\n"
             "a crash or a full disk told in one line.",
             ["train_lib", "eval_lib", "local_replication", "hooks",
-             "segments", "run_summary", "stop_signals", "train_dir",
+             "segments", "run_summary", "run_story", "stop_signals", "train_dir",
              "crash_report", "disk_full"]),
     "checkpoint": ("Checkpoints: what a run resumes from, the last good one,\n"
                    "whether one fits the graph, the finite-state check.",
