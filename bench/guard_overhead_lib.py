@@ -30,11 +30,11 @@ from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train import data
 from tf1_safe_train import models
-from tf1_safe_train.trainer import local_replication
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import replay_lib
-from tf1_safe_train.trainer import towers
-from tf1_safe_train.trainer import train_step
+from tf1_safe_train.trainer.run import local_replication
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.explain import replay_lib
+from tf1_safe_train.trainer.tower import towers
+from tf1_safe_train.trainer.step import train_step
 
 tf1 = tf.compat.v1
 

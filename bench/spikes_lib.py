@@ -15,9 +15,9 @@ import time
 
 from bench import guard_overhead_lib
 from bench import timing
-from tf1_safe_train.trainer import eval_lib
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.run import eval_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,12 +21,12 @@ import tensorflow as tf
 from bench import executed_ops
 from bench import guard_overhead_lib
 from bench import timing
-from tf1_safe_train.trainer import eval_lib
-from tf1_safe_train.trainer import local_replication
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import towers
-from tf1_safe_train.trainer import train_lib
-from tf1_safe_train.trainer import train_step
+from tf1_safe_train.trainer.run import eval_lib
+from tf1_safe_train.trainer.run import local_replication
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.tower import towers
+from tf1_safe_train.trainer.run import train_lib
+from tf1_safe_train.trainer.step import train_step
 
 tf1 = tf.compat.v1
 

@@ -13,7 +13,7 @@ from absl import logging
 
 from bench import timing
 from tf1_safe_train import cli
-from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer.config import params as params_lib
 
 _PROGRAM = "towers"
 # Same defaults as towers_lib.TowersConfig (flags are parsed before

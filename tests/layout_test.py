@@ -57,8 +57,8 @@ _MAX_GUARD_PARAMETERS = 7
 # allow-list once their work has merged. "path:function".
 _LONG_FUNCTIONS_ALLOWED_FOR_NOW = frozenset((
     "core/guard.py:guarded_apply",
-    "trainer/forensics.py:ForensicsHook.after_run",
-    "trainer/param_validation.py:check_train",
+    "trainer/explain/forensics.py:ForensicsHook.after_run",
+    "trainer/config/param_validation.py:check_train",
 ))
 
 
@@ -205,14 +205,14 @@ class LayoutTest(tf.test.TestCase):
         "from tf1_safe_train.core import guard\n"
         "import tensorflow as tf\n"
         "def f():\n"
-        "  from tf1_safe_train.trainer import towers\n"
+        "  from tf1_safe_train.trainer.tower import towers\n"
         "from tf1_safe_train import cluster\n"
         "import tf1_safe_train.cluster.replicas\n"
         "from tf1_safe_train import train_lib\n"
         "from . import guard\n"
         "from tf1_safe_train import SkipNonFiniteOptimizer\n"
         "from tf1_safe_train import data\n"),
-                     ["line 4: tf1_safe_train.trainer.towers",
+                     ["line 4: tf1_safe_train.trainer.tower.towers",
                       "line 5: tf1_safe_train.cluster",
                       "line 6: tf1_safe_train.cluster.replicas",
                       "line 7: tf1_safe_train.train_lib",
@@ -224,7 +224,7 @@ class LayoutTest(tf.test.TestCase):
     # an old flat-package name) nor a binary's main module.
     source = ("from tf1_safe_train.core import guard\n"
               "from tf1_safe_train import data\n"
-              "from tf1_safe_train.trainer import towers\n"
+              "from tf1_safe_train.trainer.tower import towers\n"
               "from tf1_safe_train.cluster import replication\n"
               "from tf1_safe_train import replicas\n"
               "from tf1_safe_train import cli\n"
@@ -275,7 +275,7 @@ class LayoutTest(tf.test.TestCase):
     for path in _package_modules():
       with open(os.path.join(top, path)) as f:
         lengths[path] = len(f.read().splitlines())
-    self.assertIn("trainer/train_lib.py", lengths)
+    self.assertIn("trainer/run/train_lib.py", lengths)
     for line in over_long_modules(lengths):
       print("layout_test: warning: module over %d lines (one concept?): %s"
             % (_MAX_MODULE_LINES, line))
@@ -313,7 +313,7 @@ class LayoutTest(tf.test.TestCase):
         if (n > _MAX_FUNCTION_CODE_LINES and "%s:%s" % (path, function)
             not in _LONG_FUNCTIONS_ALLOWED_FOR_NOW):
           long_ones.append("%s:%s: %d code lines" % (path, function, n))
-    self.assertIn("trainer/train_lib.py:train", seen)
+    self.assertIn("trainer/run/train_lib.py:train", seen)
     self.assertEqual(long_ones, [], "split these functions by concept")
 
   def testNoFunctionOfTheDecisionIsOverSixtyCodeLines(self):

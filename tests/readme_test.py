@@ -20,8 +20,8 @@ import tensorflow as tf
 
 from tests.fixtures import forked_python
 from tf1_safe_train.cluster import cluster_flags
-from tf1_safe_train.trainer import flag_specs
-from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer.config import flag_specs
+from tf1_safe_train.trainer.config import params as params_lib
 
 _FLAG_SPECS = {
     "train": (flag_specs.of_params(params_lib.TrainParams) +

@@ -31,7 +31,7 @@ _MODULES = {"summaries": "tf1_safe_train.core.summaries"}
 # `import tf1_safe_train.guard`: that form needs the new path. (The old
 # `tf1_safe_train.cluster` module is now `tf1_safe_train.cluster.spec`, and
 # the trainer's hooks moved out of `hooks` to
-# `tf1_safe_train.trainer.hooks`.)
+# `tf1_safe_train.trainer.run.hooks`.)
 _MOVED = dict(
     [(name, "tf1_safe_train.core." + name) for name in (
         "checks", "cond_walk", "counters", "fetch_gate", "guard", "hooks",
@@ -40,23 +40,23 @@ _MOVED = dict(
     # The trainer's, each by its full path (tools/move_modules.py rewrites
     # these when a module moves within the trainer).
     [
-        ("checkpoints", "tf1_safe_train.trainer.checkpoints"),
-        ("crash_report", "tf1_safe_train.trainer.crash_report"),
-        ("drill", "tf1_safe_train.trainer.drill"),
-        ("eval_lib", "tf1_safe_train.trainer.eval_lib"),
-        ("finite_state", "tf1_safe_train.trainer.finite_state"),
-        ("flag_specs", "tf1_safe_train.trainer.flag_specs"),
-        ("injection", "tf1_safe_train.trainer.injection"),
-        ("optimization", "tf1_safe_train.trainer.optimization"),
-        ("params", "tf1_safe_train.trainer.params"),
-        ("precision", "tf1_safe_train.trainer.precision"),
-        ("run_summary", "tf1_safe_train.trainer.run_summary"),
-        ("step_summaries", "tf1_safe_train.trainer.step_summaries"),
-        ("stop_signals", "tf1_safe_train.trainer.stop_signals"),
-        ("towers", "tf1_safe_train.trainer.towers"),
-        ("train_dir", "tf1_safe_train.trainer.train_dir"),
-        ("train_lib", "tf1_safe_train.trainer.train_lib"),
-        ("train_step", "tf1_safe_train.trainer.train_step"),
+        ("checkpoints", "tf1_safe_train.trainer.checkpoint.checkpoints"),
+        ("crash_report", "tf1_safe_train.trainer.run.crash_report"),
+        ("drill", "tf1_safe_train.trainer.drills.drill"),
+        ("eval_lib", "tf1_safe_train.trainer.run.eval_lib"),
+        ("finite_state", "tf1_safe_train.trainer.checkpoint.finite_state"),
+        ("flag_specs", "tf1_safe_train.trainer.config.flag_specs"),
+        ("injection", "tf1_safe_train.trainer.drills.injection"),
+        ("optimization", "tf1_safe_train.trainer.step.optimization"),
+        ("params", "tf1_safe_train.trainer.config.params"),
+        ("precision", "tf1_safe_train.trainer.step.precision"),
+        ("run_summary", "tf1_safe_train.trainer.run.run_summary"),
+        ("step_summaries", "tf1_safe_train.trainer.step.step_summaries"),
+        ("stop_signals", "tf1_safe_train.trainer.run.stop_signals"),
+        ("towers", "tf1_safe_train.trainer.tower.towers"),
+        ("train_dir", "tf1_safe_train.trainer.run.train_dir"),
+        ("train_lib", "tf1_safe_train.trainer.run.train_lib"),
+        ("train_step", "tf1_safe_train.trainer.step.train_step"),
     ] +
     [(name, "tf1_safe_train.cluster." + name) for name in (
         "cluster_flags", "local_cluster_lib", "private_network", "ps_watch",

@@ -8,9 +8,9 @@ from absl import flags
 from absl import logging
 
 from tf1_safe_train import cli
-from tf1_safe_train.trainer import flag_specs
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import recorded_params
+from tf1_safe_train.trainer.config import flag_specs
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.config import recorded_params
 
 # Declared in params.EvalParams; defined here, so that absl files them under
 # this binary (--helpshort).
@@ -29,7 +29,7 @@ def main(argv):
   tf = cli.import_tensorflow(logging.INFO)
   # pylint: disable=g-import-not-at-top
   from tf1_safe_train.data import cifar10
-  from tf1_safe_train.trainer import eval_lib
+  from tf1_safe_train.trainer.run import eval_lib
   # pylint: enable=g-import-not-at-top
   try:
     result = eval_lib.evaluate(params)

@@ -28,7 +28,7 @@ from absl import flags
 from tf1_safe_train import cli
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import private_network
-from tf1_safe_train.trainer import train_dir as train_dir_lib
+from tf1_safe_train.trainer.run import train_dir as train_dir_lib
 
 flags.DEFINE_integer("num_ps", 1, "Number of parameter servers.")
 flags.DEFINE_integer("num_workers", 2,

@@ -39,7 +39,7 @@ def main(argv):
                                                                    name)))
   tf = cli.import_tensorflow(logging.WARNING)
   # pylint: disable=g-import-not-at-top
-  from tf1_safe_train.trainer import offline_replay
+  from tf1_safe_train.trainer.explain import offline_replay
   # pylint: enable=g-import-not-at-top
   try:
     record, explained, line = offline_replay.replay_recorded(

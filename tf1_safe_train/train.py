@@ -20,14 +20,14 @@ from tf1_safe_train import cli
 from tf1_safe_train import console
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import spec as cluster_lib
-from tf1_safe_train.trainer import crash_report
-from tf1_safe_train.trainer import disk_full
-from tf1_safe_train.trainer import flag_groups
-from tf1_safe_train.trainer import flag_specs
-from tf1_safe_train.trainer import injection_spec
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import preflight
-from tf1_safe_train.trainer import train_dir as train_dir_lib
+from tf1_safe_train.trainer.run import crash_report
+from tf1_safe_train.trainer.run import disk_full
+from tf1_safe_train.trainer.config import flag_groups
+from tf1_safe_train.trainer.config import flag_specs
+from tf1_safe_train.trainer.drills import injection_spec
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.config import preflight
+from tf1_safe_train.trainer.run import train_dir as train_dir_lib
 
 # Declared in params.TrainParams and cluster_flags; defined here, so that
 # absl files them under this binary (--helpshort).
@@ -151,11 +151,11 @@ def _run(cluster):
   from tf1_safe_train.cluster import replicas
   from tf1_safe_train.cluster import replication
   from tf1_safe_train.data import cifar10
-  from tf1_safe_train.trainer import checkpoint_rollback
-  from tf1_safe_train.trainer import checkpoints
-  from tf1_safe_train.trainer import injection
-  from tf1_safe_train.trainer import tower_unit
-  from tf1_safe_train.trainer import train_lib
+  from tf1_safe_train.trainer.recovery import checkpoint_rollback
+  from tf1_safe_train.trainer.checkpoint import checkpoints
+  from tf1_safe_train.trainer.drills import injection
+  from tf1_safe_train.trainer.tower import tower_unit
+  from tf1_safe_train.trainer.run import train_lib
   # pylint: enable=g-import-not-at-top
   try:
     params = make_params(FLAGS, len(tf.config.list_physical_devices("GPU")))
@@ -224,7 +224,7 @@ def _report_end(params, summary):
   """Ends the program of a run that gave up (its reason, the last good
   checkpoint)."""
   # pylint: disable=g-import-not-at-top
-  from tf1_safe_train.trainer import checkpoint_rollback_target
+  from tf1_safe_train.trainer.recovery import checkpoint_rollback_target
   # (The run's last line, naming the run summary, is train_lib's: run_story.)
   if summary["exit_reason"] == "nonfinite_state":
     cli.fail(_PROGRAM, summary["nonfinite_state"], 1)

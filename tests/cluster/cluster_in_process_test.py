@@ -24,8 +24,8 @@ from tests.fixtures import train_dirs
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import replication
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -12,10 +12,10 @@ from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.core import rollback
-from tf1_safe_train.trainer import injection
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
-from tf1_safe_train.trainer import train_step
+from tf1_safe_train.trainer.drills import injection
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
+from tf1_safe_train.trainer.step import train_step
 
 tf1 = tf.compat.v1
 

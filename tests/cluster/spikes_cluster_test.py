@@ -19,7 +19,7 @@ import tensorflow as tf
 from tests.fixtures import binaries
 from tests.fixtures import loopback_cluster
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import run_summary
+from tf1_safe_train.trainer.run import run_summary
 
 tf1 = tf.compat.v1
 

@@ -19,8 +19,8 @@ from tf1_safe_train.core import criteria
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import summaries
-from tf1_safe_train.trainer import forensics
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.explain import forensics
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

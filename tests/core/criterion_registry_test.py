@@ -21,11 +21,11 @@ from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import flag_groups
-from tf1_safe_train.trainer import flag_specs
-from tf1_safe_train.trainer import forensics
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import flag_groups
+from tf1_safe_train.trainer.config import flag_specs
+from tf1_safe_train.trainer.explain import forensics
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

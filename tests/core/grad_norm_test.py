@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tf1_safe_train.core import norms
 from tf1_safe_train.core import optimizer as optimizer_lib
-from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer.config import params as params_lib
 
 tf1 = tf.compat.v1
 

@@ -16,9 +16,9 @@ from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import fetch_gate
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import optimizer as optimizer_lib
-from tf1_safe_train.trainer import finite_state
-from tf1_safe_train.trainer import hooks
-from tf1_safe_train.trainer import stop_signals
+from tf1_safe_train.trainer.checkpoint import finite_state
+from tf1_safe_train.trainer.run import hooks
+from tf1_safe_train.trainer.run import stop_signals
 
 tf1 = tf.compat.v1
 

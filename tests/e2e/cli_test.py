@@ -15,9 +15,9 @@ from tf1_safe_train import console
 from tf1_safe_train import models
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.data import cifar10
-from tf1_safe_train.trainer import flag_specs
-from tf1_safe_train.trainer import params
-from tf1_safe_train.trainer import preflight
+from tf1_safe_train.trainer.config import flag_specs
+from tf1_safe_train.trainer.config import params
+from tf1_safe_train.trainer.config import preflight
 
 
 class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):

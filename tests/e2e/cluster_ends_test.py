@@ -24,7 +24,7 @@ import tensorflow as tf
 from tests.fixtures import binaries
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
-from tf1_safe_train.trainer import params as params_lib
+from tf1_safe_train.trainer.config import params as params_lib
 
 tf1 = tf.compat.v1
 

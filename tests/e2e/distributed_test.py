@@ -33,8 +33,8 @@ from tests.fixtures import forked_trainer
 from tf1_safe_train.cluster import local_cluster_lib
 from tf1_safe_train.cluster import replicas
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import run_summary
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import run_summary
 
 tf1 = tf.compat.v1
 

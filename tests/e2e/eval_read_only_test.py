@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from tests.fixtures import binaries
 from tests.fixtures import mount_namespace
-from tf1_safe_train.trainer import eval_lib
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.run import eval_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -24,10 +24,10 @@ import tensorflow as tf
 from tests.fixtures import binaries
 from tf1_safe_train import cli
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import checkpoint_rollback_window
-from tf1_safe_train.trainer import offline_replay
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.inputs import checkpoint_rollback_window
+from tf1_safe_train.trainer.explain import offline_replay
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

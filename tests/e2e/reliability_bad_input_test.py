@@ -28,10 +28,10 @@ from tests.fixtures import reliability as lib
 from tests.fixtures import train_dirs
 from tf1_safe_train import cli
 from tf1_safe_train.data import cifar10
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import preflight
-from tf1_safe_train.trainer import train_dir as train_dir_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.config import preflight
+from tf1_safe_train.trainer.run import train_dir as train_dir_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -30,14 +30,14 @@ from tests.fixtures import binaries
 from tests.fixtures import reliability as lib
 from tests.fixtures import train_dirs
 from tf1_safe_train.core import rollback
-from tf1_safe_train.trainer import checkpoint_fit
-from tf1_safe_train.trainer import checkpoints
-from tf1_safe_train.trainer import eval_lib
-from tf1_safe_train.trainer import finite_state
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import run_summary
-from tf1_safe_train.trainer import train_dir as train_dir_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.checkpoint import checkpoint_fit
+from tf1_safe_train.trainer.checkpoint import checkpoints
+from tf1_safe_train.trainer.run import eval_lib
+from tf1_safe_train.trainer.checkpoint import finite_state
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import run_summary
+from tf1_safe_train.trainer.run import train_dir as train_dir_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -27,8 +27,8 @@ import tensorflow as tf
 from tests.fixtures import forked_trainer
 from tests.fixtures import reliability as lib
 from tests.fixtures import train_dirs
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 
@@ -221,7 +221,7 @@ class CrashResumeTest(tf.test.TestCase):
   def _check_rerun_of_finished_run(self, train_dir, drill, first):
     """A run restored at --max_steps (a rerun, or a crash after the end)."""
     second = train_lib.train(_params(train_dir))
-    # Regression test (fixed in tf1_safe_train/trainer/train_lib.py, train):
+    # Regression test (fixed in tf1_safe_train/trainer/run/train_lib.py, train):
     # it stopped with tf1.train.StopAtStepHook, which decides only after a
     # step, so a run restored at --max_steps trained one more step (+1 per
     # rerun). Fix: hooks.StopAtStepHook(params.max_steps) instead.
@@ -229,7 +229,7 @@ class CrashResumeTest(tf.test.TestCase):
         train_dirs.latest_checkpoint(train_dir))
     self.assertEqual(lib.checkpoint_counters(values),
                      drill.expected_counters(_MAX_STEPS))
-    # Regression test (fixed in tf1_safe_train/trainer/train_lib.py,
+    # Regression test (fixed in tf1_safe_train/trainer/run/train_lib.py,
     # _run_summary): when no step ran it wrote {"global_step": null} without
     # counters over the finished run's summary. Fix: the restored
     # checkpoint's counters, with steps_this_run 0.

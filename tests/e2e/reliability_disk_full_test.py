@@ -19,10 +19,10 @@ import tensorflow as tf
 from tests.fixtures import binaries
 from tests.fixtures import mount_namespace
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import forensics
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import skip_states
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.explain import forensics
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.explain import skip_states
+from tf1_safe_train.trainer.run import train_lib
 
 _NO_SPACE = os.strerror(errno.ENOSPC)
 

@@ -21,9 +21,9 @@ from tests.fixtures import binaries
 from tests.fixtures import forked_trainer
 from tests.fixtures import reliability as lib
 from tests.fixtures import train_dirs
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import stop_signals
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import stop_signals
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 
@@ -124,7 +124,7 @@ _OOM_DRIVER = r"""
 from absl import app
 import tensorflow as tf
 from tf1_safe_train import cli, train
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.run import train_lib
 tf1 = tf.compat.v1
 
 class HugeFetchHook(tf1.train.SessionRunHook):
@@ -152,7 +152,7 @@ import time
 from absl import app
 import tensorflow as tf
 from tf1_safe_train import cli, train
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.run import train_lib
 
 class BlockedEndHook(tf.compat.v1.train.SessionRunHook):
   def end(self, session):

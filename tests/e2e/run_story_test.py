@@ -16,7 +16,7 @@ import re
 import tensorflow as tf
 
 from tests.fixtures import binaries
-from tf1_safe_train.trainer import run_story
+from tf1_safe_train.trainer.run import run_story
 
 # The banner line of `label` in a log: absl's prefix, run_story's line.
 _BANNER = r"(?m)^I\d{4} [\d:.]+ +\d+ run_story\.py:\d+\] %s: +(.*)$"
@@ -136,7 +136,7 @@ class _Criterion(object):
 
 
 def _Params(**changes):  # pylint: disable=invalid-name
-  from tf1_safe_train.trainer import params as params_lib  # pylint: disable=g-import-not-at-top
+  from tf1_safe_train.trainer.config import params as params_lib  # pylint: disable=g-import-not-at-top
   return params_lib.TrainParams(train_dir="/tmp/x", max_steps=100).replace(
       **changes)
 

@@ -22,8 +22,8 @@ import urllib.request
 import tensorflow as tf
 
 from tf1_safe_train import data
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 _STEPS = 6
 _POISONED_STEP = 3

@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from tests.fixtures import binaries
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import replay_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.explain import replay_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

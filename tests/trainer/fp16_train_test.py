@@ -24,8 +24,8 @@ import tensorflow as tf
 from tests.fixtures import run_logs
 from tests.fixtures import train_dirs
 from tf1_safe_train import data
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -15,10 +15,10 @@ import os
 import tensorflow as tf
 
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import exclusion
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import replay_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.inputs import exclusion
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.explain import replay_lib
+from tf1_safe_train.trainer.run import train_lib
 
 
 def _train(train_dir, **overrides):

@@ -12,11 +12,11 @@ import os
 import tensorflow as tf
 
 from tf1_safe_train import data
-from tf1_safe_train.trainer import local_replication
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import tower_input
-from tf1_safe_train.trainer import train_lib
-from tf1_safe_train.trainer import train_step
+from tf1_safe_train.trainer.run import local_replication
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.inputs import tower_input
+from tf1_safe_train.trainer.run import train_lib
+from tf1_safe_train.trainer.step import train_step
 
 tf1 = tf.compat.v1
 

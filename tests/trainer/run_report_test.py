@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tests.fixtures import run_logs
 from tests.fixtures import forensics_params
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from tests.fixtures import forensics_params
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import offline_replay
-from tf1_safe_train.trainer import skip_states
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.explain import offline_replay
+from tf1_safe_train.trainer.explain import skip_states
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 

@@ -25,10 +25,10 @@ from tests.fixtures import forensics_params
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import skip_log
-from tf1_safe_train.trainer import exclusion
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import replay_lib
-from tf1_safe_train.trainer import train_lib
+from tf1_safe_train.trainer.inputs import exclusion
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.explain import replay_lib
+from tf1_safe_train.trainer.run import train_lib
 
 
 def _params(train_dir, **overrides):

@@ -16,10 +16,10 @@ import tensorflow as tf
 from bench import cost_growth_variants
 from bench import executed_ops
 from tf1_safe_train.core import hooks
-from tf1_safe_train.trainer import local_replication
-from tf1_safe_train.trainer import params as params_lib
-from tf1_safe_train.trainer import towers
-from tf1_safe_train.trainer import train_step
+from tf1_safe_train.trainer.run import local_replication
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.tower import towers
+from tf1_safe_train.trainer.step import train_step
 
 tf1 = tf.compat.v1
 

@@ -8,7 +8,7 @@ nobody remembers. Like `cluster`, this module never imports TensorFlow.
 """
 
 from tf1_safe_train.cluster import spec as cluster_lib
-from tf1_safe_train.trainer import flag_specs
+from tf1_safe_train.trainer.config import flag_specs
 
 _Spec = flag_specs.FlagSpec
 FLAGS = (

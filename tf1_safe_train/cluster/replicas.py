@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.core import counters as counters_lib
-from tf1_safe_train.trainer import towers
+from tf1_safe_train.trainer.tower import towers
 
 tf1 = tf.compat.v1
 

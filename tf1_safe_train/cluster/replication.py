@@ -24,7 +24,7 @@ from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.cluster import sync_replicas
 from tf1_safe_train.core import rollback
-from tf1_safe_train.trainer import local_replication
+from tf1_safe_train.trainer.run import local_replication
 
 tf1 = tf.compat.v1
 

@@ -18,7 +18,7 @@ tf1 = tf.compat.v1
 
 # Variables a checkpoint written without them lacks (a criterion's state, a
 # reason's counter, an option's state): a resume initialises them afresh
-# instead of failing (`trainer/checkpoint_fit.py`).
+# instead of failing (`trainer/checkpoint/checkpoint_fit.py`).
 OPTIONAL_STATE = "tf1_safe_train_optional_state"
 # Every reason's counters, `<reason>_skips` and `<reason>_would_skips`.
 COUNTERS_COLLECTION = "tf1_safe_train_reason_counters"

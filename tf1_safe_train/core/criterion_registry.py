@@ -1,8 +1,8 @@
 """The library's skip criteria with a flag: one line each (`SPECS`).
 
 From here the trainer takes its criteria's params, flags, --help groups
-and early checks (`trainer/params.py`, `trainer/param_validation.py`,
-`trainer/flag_groups.py`), builds the criteria a run's params switch on
+and early checks (`trainer/config/params.py`, `trainer/config/param_validation.py`,
+`trainer/config/flag_groups.py`), builds the criteria a run's params switch on
 (`from_params`), and the wrapper takes their keywords
 (`SkipNonFiniteOptimizer(opt, skip_spikes=6)`: `from_keywords`). A new
 library criterion is its module, its spec (`criterion_spec`) and one line

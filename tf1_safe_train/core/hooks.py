@@ -1,7 +1,7 @@
 """The hooks a wrapper user needs: the gated base, give-up, the skip line.
 
 (The trainer's own hooks, progress, skip report, the last step and run stats,
-are in trainer/hooks.py; signals in trainer/stop_signals.py.)
+are in trainer/run/hooks.py; signals in trainer/run/stop_signals.py.)
 
 Every value a hook reports is read after the step's update (the counters come
 from `counters.read_after`, the applied flag from the decision itself), never

@@ -3,7 +3,7 @@
 One definition for the whole package: the skip criteria read it from their
 step's context (`criteria.Context.global_norm`, built once per step, only
 if a criterion reads it) and the trainer's clipping shares it
-(`trainer/optimization.py`).
+(`trainer/step/optimization.py`).
 """
 
 import tensorflow as tf
