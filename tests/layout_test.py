@@ -14,6 +14,7 @@ And the sizes that keep the house readable: no function of the package over
 """
 
 import ast
+import collections
 import os
 import subprocess
 import sys
@@ -42,6 +43,10 @@ _ABOVE_CORE = tuple("tf1_safe_train." + name
 # warning, not a wall (issue #34): concepts, not the count, decide where
 # code goes; the test prints the modules over it.
 _MAX_MODULE_LINES = 300
+
+# Modules told apart by a shared first word (checkpoint_*) are a concept
+# that wants a folder of its own: at most this many in one folder.
+_MAX_SHARED_FIRST_WORD = 3
 
 # Every function of the package reads top to bottom: none over this many
 # code lines (`code_lines`).
@@ -122,10 +127,11 @@ def _folders():
 
 
 def _modules_of(folder):
-  """The .py files of `folder` (its __init__.py included), by path."""
+  """The .py files of `folder` and its subpackages (__init__.py included),
+  by path."""
   directory = os.path.join(os.path.dirname(tf1_safe_train.__file__), folder)
-  return sorted(os.path.join(directory, f) for f in os.listdir(directory)
-                if f.endswith(".py"))
+  return sorted(os.path.join(d, f) for d, _, files in os.walk(directory)
+                for f in files if f.endswith(".py"))
 
 
 def _package_modules():
@@ -134,6 +140,48 @@ def _package_modules():
   return sorted(os.path.relpath(os.path.join(d, f), top)
                 for d, _, files in os.walk(top) for f in files
                 if f.endswith(".py"))
+
+
+def crowded_first_words(modules, limit=_MAX_SHARED_FIRST_WORD):
+  """["folder: word_* (N modules)"] for each folder of `modules` (paths of
+  .py files) holding more than `limit` modules whose names share their
+  first word (checkpoint_fit, checkpoint_rollback: "checkpoint")."""
+  words = collections.Counter(
+      (os.path.dirname(path), os.path.basename(path)[:-3].split("_")[0])
+      for path in modules if os.path.basename(path) != "__init__.py")
+  return ["%s: %s_* (%d modules)" % (folder or ".", word, n)
+          for (folder, word), n in sorted(words.items()) if n > limit]
+
+
+def map_of(page):
+  """The package's folders and modules as docs/layout.md's map draws them.
+
+  The map is the page's first code block; under `tf1_safe_train/` an entry
+  is a line whose first words (before two spaces) all end in `.py` or `/`,
+  nested by its indentation; other lines continue a description.
+
+  Returns:
+    The set of paths relative to the package: "core/", "core/guard.py".
+  """
+  block = page.split("```")[1].splitlines()
+  start = block.index(next(line for line in block
+                           if line.startswith("tf1_safe_train/")))
+  found = set()
+  stack = [(0, "")]  # (indentation, folder path) of the open folders.
+  for line in block[start + 1:]:
+    indent = len(line) - len(line.lstrip())
+    if line.strip() and indent == 0:
+      break  # The package's tree ends; the repository's next entry.
+    names = line.strip().split("  ")[0].split()
+    if not names or not all(n.endswith((".py", "/")) for n in names):
+      continue
+    while stack[-1][0] >= indent:
+      stack.pop()
+    for name in names:
+      found.add(stack[-1][1] + name)
+    if names[-1].endswith("/"):
+      stack.append((indent, stack[-1][1] + names[-1]))
+  return found
 
 
 def over_long_modules(lengths, limit=_MAX_MODULE_LINES):
@@ -260,6 +308,51 @@ class LayoutTest(tf.test.TestCase):
         with self.subTest(module=os.path.join(folder,
                                               os.path.basename(path))):
           self.assertEqual(offending_imports(source, folder), [])
+
+  def testTheFirstWordCheckCountsPerFolder(self):
+    self.assertEqual(crowded_first_words(
+        ["trainer/a/checkpoint_x.py", "trainer/a/checkpoint_y.py",
+         "trainer/a/checkpoint_z.py", "trainer/a/checkpoints.py",
+         "trainer/a/__init__.py", "trainer/b/checkpoint_w.py",
+         "core/step_a.py", "core/step_b.py", "core/step.py",
+         "core/step_c.py"]),
+                     ["core: step_* (4 modules)"])
+
+  def testNoFolderHasMoreThanThreeModulesOfOneFirstWord(self):
+    # issue #34: trainer/ held 6 checkpoint*, 5 tower* modules side by side.
+    self.assertEqual(crowded_first_words(_package_modules()), [],
+                     "give these modules a folder of their own concept")
+
+  def testTheMapParserReadsFoldersAndModules(self):
+    self.assertEqual(map_of(
+        "x\n```\nWORKSPACE BUILD\ntf1_safe_train/\n"
+        "  a.py b.py   the mains\n  core/  the library\n"
+        "    guard.py   the guard: see trainer/\n"
+        "                 run.py, continued\n"
+        "  trainer/   the trainer\n    step/  the step\n"
+        "      train_step.py  it\n    run/\n      hooks.py  x\n"
+        "  cli.py  flags\ntests/   the tests\n  x.py\n```\n"),
+                     {"a.py", "b.py", "core/", "core/guard.py", "trainer/",
+                      "trainer/step/", "trainer/step/train_step.py",
+                      "trainer/run/", "trainer/run/hooks.py", "cli.py"})
+
+  def testTheLayoutPagesMapMatchesTheFolders(self):
+    # The map a reader starts from draws every folder and module where it
+    # is (__init__.py aside), and nothing that is not there.
+    top = os.path.dirname(tf1_safe_train.__file__)
+    with open(os.path.join(os.path.dirname(top), "docs", "layout.md")) as f:
+      drawn = map_of(f.read())
+    there = set()
+    for path in _package_modules():
+      folder = os.path.dirname(path)
+      while folder:
+        there.add(folder + "/")
+        folder = os.path.dirname(folder)
+      if os.path.basename(path) != "__init__.py":
+        there.add(path)
+    self.assertEqual(sorted(there - drawn), [], "not in docs/layout.md's map")
+    self.assertEqual(sorted(drawn - there - {"__init__.py"}), [],
+                     "in docs/layout.md's map, not in the package")
 
   def testTheLengthCheckNamesEachModuleOverTheLimit(self):
     self.assertEqual(
