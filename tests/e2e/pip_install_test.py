@@ -148,6 +148,15 @@ class PipInstallTest(tf.test.TestCase):
     self.assertIn(os.path.join("tf1_safe_train", "core", "optimizer.py"),
                   _modules(self.sources))
 
+  def testWheelHoldsEveryModule(self):
+    # pyproject.toml's packages: a folder (the trainer's step/, run/, ...)
+    # that its list missed would install without its modules.
+    with zipfile.ZipFile(self.wheel) as wheel:
+      packed = sorted(n for n in wheel.namelist() if n.endswith(".py"))
+    self.assertEqual(packed, [m.replace(os.sep, "/")
+                              for m in _modules(self.sources)])
+    self.assertIn("tf1_safe_train/trainer/step/train_step.py", packed)
+
   def testWheelRequiresNoTensorFlow(self):
     # A requirement on `tensorflow` would pull a second TensorFlow over
     # tensorflow-cpu or tensorflow[and-cuda]; only the extras name one.
