@@ -56,8 +56,8 @@ SUBPACKAGES = {
             "replication interface, signals, train_dir, the run summary,\n"
             "a crash or a full disk told in one line.",
             ["train_lib", "eval_lib", "local_replication", "hooks",
-             "segments", "run_summary", "run_story", "stop_signals", "train_dir",
-             "crash_report", "disk_full"]),
+             "segments", "run_summary", "run_story", "stop_signals",
+             "train_dir", "crash_report", "disk_full"]),
     "checkpoint": ("Checkpoints: what a run resumes from, the last good one,\n"
                    "whether one fits the graph, the finite-state check.",
                    ["checkpoints", "last_good", "checkpoint_fit",
