@@ -16,6 +16,7 @@ import tensorflow as tf
 from bench import cost_growth_variants
 from bench import executed_ops
 from tf1_safe_train.core import hooks
+from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.trainer.run import local_replication
 from tf1_safe_train.trainer.config import params as params_lib
 from tf1_safe_train.trainer.tower import towers
@@ -182,6 +183,30 @@ def _guard_nodes(workload, num_towers):
                                                     built.train_op)
       assert built.all_steps_applied() is not False, "a step was skipped"
   return counts["guarded_trainer_step"] - counts["plain"]
+
+
+class StepResultTest(absltest.TestCase):
+
+  def testTheStepGetsItsResultAsAReturnValue(self):
+    # Issue 34, 3: the step takes its decision's result from what the
+    # strategy's `decide` returns, not from the wrapper's stored last
+    # result (`guard_result()`, which the public API keeps for scripts).
+    params = params_lib.TrainParams(
+        num_towers=2, device="cpu", batch_size=2, optimizer="sgd",
+        weight_decay=0.0).validate()
+    config = towers.TowerConfig(2, "cpu")
+    with tf.Graph().as_default():
+      values = tf1.placeholder(tf.float32, [2, 2])
+      with mock.patch.object(train_step.models, "get_model",
+                             lambda unused_name: _gradient_model(values)), \
+          mock.patch.object(optimizer_lib.SkipNonFiniteOptimizer,
+                            "guard_result", side_effect=AssertionError(
+                                "read through guard_result()")):
+        step = train_step.build_step(
+            params, local_replication.Local(params, config),
+            dataset_fn=_dataset)
+      self.assertIsNotNone(step.reasons)
+      self.assertIn("skip_reasons", step.totals)
 
 
 class GoodStepCostTest(absltest.TestCase):
