@@ -8,8 +8,9 @@ sharding (`shard_count`) map onto pytest's own selection.
 
   pytest_runner.py [--costs=FILE] TEST_FILE... [pytest arguments]
 
-FILE: JSON, {test file name: seconds}, the files' recorded costs, by which
-the shards share the files out (`shard_files`).
+FILE: JSON, {test file name: seconds}, the files' recorded costs (their
+tests' times in a run of the suite), by which the shards share the files
+out (`shard_files`).
 """
 
 import atexit
@@ -22,9 +23,6 @@ import sys
 
 import pytest
 
-# The cost of a test file the table does not name (a new one): about a
-# middling file's.
-DEFAULT_COST = 20.0
 
 
 def shard(items, index, total):
@@ -54,7 +52,12 @@ def shard_files(costs_by_file, total):
 
 
 def _cost(path, costs):
-  return float(costs.get(os.path.basename(path), DEFAULT_COST))
+  """`path`'s recorded cost; a file the table does not name (a new one)
+  costs the table's (lower) median (any scale: only the ratios matter)."""
+  if os.path.basename(path) in costs:
+    return float(costs[os.path.basename(path)])
+  known = sorted(float(c) for c in costs.values()) or [1.0]
+  return known[(len(known) - 1) // 2]
 
 
 def keep(paths, index, total, costs):

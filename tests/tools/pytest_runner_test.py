@@ -105,7 +105,7 @@ class FileShardTest(unittest.TestCase):
 
   def testEachFileRunsWholeInOneShardTheCostliestAlone(self):
     directory = tempfile.mkdtemp()
-    # new_test.py is in no table: DEFAULT_COST (20 s), after slow_test.py.
+    # new_test.py is in no table: it costs the table's lower median, 1.
     costs = {"slow_test.py": 100, "quick_test.py": 1}
     first = self._run(directory, costs, 0, 2)
     second = self._run(directory, costs, 1, 2)
