@@ -15,6 +15,7 @@ And the sizes that keep the house readable: no function of the package over
 
 import ast
 import collections
+import importlib.util
 import os
 import subprocess
 import sys
@@ -240,6 +241,17 @@ def code_lines(source):
   return found
 
 
+def _module_map():
+  """tools/module_map.py, loaded from the repository (beside the package's
+  directory: the runfiles under Bazel)."""
+  top = os.path.dirname(os.path.dirname(tf1_safe_train.__file__))
+  spec = importlib.util.spec_from_file_location(
+      "module_map", os.path.join(top, "tools", "module_map.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def _core_modules():
   directory = os.path.dirname(core.__file__)
   return sorted(f[:-3] for f in os.listdir(directory)
@@ -353,6 +365,18 @@ class LayoutTest(tf.test.TestCase):
     self.assertEqual(sorted(there - drawn), [], "not in docs/layout.md's map")
     self.assertEqual(sorted(drawn - there - {"__init__.py"}), [],
                      "in docs/layout.md's map, not in the package")
+
+  def testTheLayoutPagesMapIsTheModulesDocstrings(self):
+    # The map's lines are generated (tools/module_map.py): each module's
+    # line is its docstring's first paragraph, so a new module needs no
+    # hand-written line, and a line cannot drift from what the module says.
+    top = os.path.dirname(tf1_safe_train.__file__)
+    with open(os.path.join(os.path.dirname(top), "docs", "layout.md")) as f:
+      page = f.read()
+    self.assertMultiLineEqual(
+        _module_map().generate(page, top), page,
+        "docs/layout.md's map is not the modules' docstrings: run "
+        "`python tools/regen_docs.py` from the repository's top")
 
   def testTheLengthCheckNamesEachModuleOverTheLimit(self):
     self.assertEqual(

@@ -331,7 +331,7 @@ class ReadmeTest(tf.test.TestCase):
       with self.subTest(binary=binary):
         self.assertMultiLineEqual(
             flag_specs.markdown_table(specs), tables[binary],
-            "regenerate the table with flag_specs.markdown_table")
+            "regenerate the table: python tools/regen_docs.py")
 
   def testTheBinariesDefineTheDeclaredFlags(self):
     for binary, specs in _FLAG_SPECS.items():

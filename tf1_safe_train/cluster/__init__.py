@@ -1,5 +1,6 @@
-"""The trainer's replication: strategies, replicas on TF gRPC, the cluster
-spec and flags, and the launcher of //:local_cluster. Built on the trainer
-(its strategies subclass `trainer.local_replication.Local`), which never
-imports it.
+"""The trainer's replication, built on the trainer (never imported by it).
+
+Strategies, replicas on TF gRPC, the cluster spec and flags, and the
+launcher of //:local_cluster; its strategies subclass the trainer's `Local`
+(`trainer/run/local_replication.py`).
 """

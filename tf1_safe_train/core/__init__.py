@@ -1,4 +1,5 @@
-"""The library a legacy script imports: the guard and what it needs.
+"""The library a legacy script imports: the guard and what it needs; it
+imports nothing of the folders above it.
 
 `SkipNonFiniteOptimizer` (optimizer.py), the guard, rollback, counters, loss
 scale, the skip report and the hooks a wrapper user needs. Nothing here
