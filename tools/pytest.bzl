@@ -4,7 +4,7 @@
 by glob (a new test file needs no BUILD entry; see docs/layout.md).
 """
 
-def py_pytest(name, srcs, deps = [], data = [], costs = None, size = "medium", **kwargs):
+def py_pytest(name, srcs = [], deps = [], data = [], costs = None, size = "medium", src = None, **kwargs):
     """Declares a py_test that runs pytest on `srcs`, in one process a shard.
 
     Args:
@@ -15,8 +15,12 @@ def py_pytest(name, srcs, deps = [], data = [], costs = None, size = "medium", *
       costs: a JSON file {test file name: seconds} by which the shards share
         the files out (tools/pytest_runner.py), or None.
       size: Bazel test size.
+      src: one test file, as the per-file targets before folder targets
+        declared it (the same as srcs = [src]).
       **kwargs: passed to native.py_test (tags, shard_count, env, ...).
     """
+    if src:
+        srcs = srcs + [src]
     args = []
     if costs:
         args.append("--costs=$(location %s)" % costs)
