@@ -142,7 +142,8 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     self._loss_scale = loss_scale
     self._strict = strict
     self._check_runs = check_runs
-    self._parts = [guard_parts.TowerUnit(tower_unit)] if tower_unit else []
+    self._tower_unit = ([guard_parts.TowerUnit(tower_unit)] if tower_unit
+                        else [])
     # Built with each step (its state then made: `variables()` has it).
     self._keyword_criteria = criterion_registry.from_keywords(
         criterion_keywords)
@@ -306,7 +307,7 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     overflow = self._loss_scale_stacking.branch_ops()
     return ([spec.build(config) for spec, config in self._keyword_criteria]
             + self._criteria + [guard_parts.OnOverflow(b) for b in overflow]
-            + self._parts)
+            + self._tower_unit)
 
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)
