@@ -219,6 +219,15 @@ class WrapperApiTest(tf.test.TestCase):
         tf1.train.GradientDescentOptimizer(0.1))
     self.assertIsInstance(opt, tf1.train.Optimizer)
 
+  def testHasNoBaseClassOfTheProjectItsPartsAreOwned(self):
+    # Composition, not mixins sharing private state: its one base is
+    # tf.compat.v1's Optimizer, and its parts are objects it holds.
+    wrapper = optimizer_lib.SkipNonFiniteOptimizer
+    self.assertEqual((tf1.train.Optimizer,), wrapper.__bases__)
+    self.assertEqual([], [c.__module__ + "." + c.__name__
+                          for c in wrapper.__mro__[1:]
+                          if c.__module__.startswith("tf1_safe_train")])
+
   def testWrappingANonOptimizerRaisesTypeError(self):
     for not_an_optimizer in ("adam", None, object(),
                              tf.keras.optimizers.SGD(0.1)):

@@ -178,6 +178,26 @@ def branch_ops(optimizer, own_loss_scale=None):
   return found
 
 
+class LossScaleStacking(object):
+  """`SkipNonFiniteOptimizer`'s side of a stack with loss-scale skips."""
+
+  def __init__(self, wrapper, optimizer, loss_scale, strict):
+    """Args: the wrapper (what a loss-scale optimizer around it holds), the
+    optimizer it wraps, its own `DynamicLossScale` (or None), its `strict`."""
+    self._wrapper = wrapper
+    self._optimizer = optimizer
+    self._loss_scale = loss_scale
+    self._strict = strict
+
+  def check_step_place(self):
+    """`check_step_place` of the wrapper's step being built."""
+    check_step_place(self._wrapper, self._strict)
+
+  def branch_ops(self):
+    """`branch_ops` of the wrapper's step: its scale's, a wrapped one's."""
+    return branch_ops(self._optimizer, self._loss_scale)
+
+
 def _tests_finiteness(pred, cache):
   """Whether the cond predicate `pred` is computed from a finiteness test."""
   if pred.op not in cache:

@@ -20,6 +20,7 @@ from tf1_safe_train.core import loss_scale_stacking as stacking
 from tf1_safe_train.core import per_device
 from tf1_safe_train.core import protecting
 from tf1_safe_train.core import raw_gradients
+from tf1_safe_train.core import reporting
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
 from tf1_safe_train.core import step_report
@@ -33,9 +34,7 @@ tf1 = tf.compat.v1
 GUARD_RESULTS = write_check.GUARD_RESULTS
 
 
-class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
-                             sync_stacking.SyncStacking, protecting.Protecting,
-                             per_device.PerDeviceSteps, tf1.train.Optimizer):
+class SkipNonFiniteOptimizer(tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer`; skips non-finite steps.
 
   What is protected on a skipped step: every variable the wrapped optimizer
@@ -68,6 +67,12 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
   makes a step run an update op the script did not run. An update op whose
   writes cannot be analysed (a loop, a function call, an unknown write op)
   raises a ValueError naming it and the variable.
+
+  Its parts, each made here and owned: the last built step and its report
+  (`reporting.LastStep`), `protect` and `variables` (`protecting`), the
+  replay and report hook (`wrapper_replay`), `apply_gradients_per_device`
+  (`per_device`), the stacks with `SyncReplicasOptimizer` (`sync_stacking`)
+  and with loss-scale skips (`loss_scale_stacking`).
   """
 
   def __init__(self,
@@ -137,7 +142,8 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     self._loss_scale = loss_scale
     self._strict = strict
     self._check_runs = check_runs
-    self._parts = [guard_parts.TowerUnit(tower_unit)] if tower_unit else []
+    self._tower_unit = ([guard_parts.TowerUnit(tower_unit)] if tower_unit
+                        else [])
     # Built with each step (its state then made: `variables()` has it).
     self._keyword_criteria = criterion_registry.from_keywords(
         criterion_keywords)
@@ -147,12 +153,18 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     # {id(variable): (variable, gradient)} compute_gradients returned since
     # then, for the skip report (`raw_gradients`); (None, None) if twice.
     self._computed = {}
-    # What the last step handles (counters, ...): `protect` leaves it alone.
-    self._step_variables = []
-    # What the wrapper's steps and `protect` create: `variables()` has them.
-    self._own_variables = []
-    # Where the last step's (and `protect`'s) search for update ops starts.
-    self._step_roots = []
+    self._last_step = reporting.LastStep(name, increment_global_step_on_skip)
+    self._protection = protecting.Protection(optimizer, loss_scale,
+                                             self._last_step)
+    self._replay = wrapper_replay.Replay(name, self._last_step)
+    self._per_device = per_device.PerDeviceSteps(optimizer, self._build_step,
+                                                 self._last_step)
+    self._sync = sync_stacking.SyncStacking(
+        optimizer, self._last_step, self._build_step, self.protect,
+        increment_global_step_on_skip=increment_global_step_on_skip,
+        update_ops=update_ops, strict=strict)
+    self._loss_scale_stacking = stacking.LossScaleStacking(
+        self, optimizer, loss_scale, strict)
 
   wrapped_optimizer = property(lambda self: self._optimizer)
 
@@ -206,8 +218,11 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
       The step's `guard.GuardResult` (`train_op` runs the step).
     """
     grads_and_vars = tuple(grads_and_vars)
-    if self._sync_step(grads_and_vars, global_step, name) is not None:
-      return self._last_result  # SyncReplicasOptimizer's: `sync_stacking`.
+    losses, self._losses = self._losses, []
+    stacked, self._losses = self._sync.step(grads_and_vars, global_step,
+                                            name, losses)
+    if stacked is not None:
+      return stacked  # SyncReplicasOptimizer's: `sync_stacking`.
     # Before the change (e.g. clipping) the script made after computing.
     raw = raw_gradients.before_changes(
         [(g, v) for g, v in grads_and_vars if g is not None], self._computed)
@@ -222,14 +237,15 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
     if tower_grads_and_vars is not None:
       towers, devices = step_report.tower_flags(grads_and_vars,
                                                 tower_grads_and_vars)
-    self._set_report(result, global_step, towers, devices, raw)
+    self._last_step.set_report(result, global_step, towers, devices, raw)
     return result
 
   def _build_step(self, grads_and_vars, global_step, apply_fn,
                   optimizers_and_pairs, loss=None, tower_values=None):
     """Builds the guarded step; returns its `guard.GuardResult`."""
-    stacking.check_step_place(self, self._strict)
-    if self._last_result is not None:
+    self._loss_scale_stacking.check_step_place()
+    last = self._last_step
+    if last.result is not None:
       # Not an error: a GAN's two steps are built by two calls (and run by
       # two session.run calls); device copies of one step are not.
       logging.warning(
@@ -239,15 +255,15 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
           "apply_gradients_per_device.", self._name)
     losses, self._losses = self._losses, []
     self._computed = {}
-    self._note_replay_outputs(losses, grads_and_vars)
+    self._replay.note_step(losses, grads_and_vars)
     # No name scope of its own: the decision's would be "SkipNonFinite_1".
-    self._step_roots = rollback.step_roots(
+    last.roots = rollback.step_roots(
         [g for g, _ in grads_and_vars if g is not None] + losses,
         self._name + "_control_dependencies")
     update_ops = self._update_ops
     if update_ops is None:
       update_ops = rollback.update_ops_run_by(
-          self._step_roots, [global_step] if global_step is not None else [])
+          last.roots, [global_step] if global_step is not None else [])
       # Keras 2 (`compile(optimizer=...)`) runs its model's updates next to
       # the step, and tells the optimizer nothing of them.
       update_ops += keras_route.compiling_model_updates(update_ops)
@@ -269,32 +285,99 @@ class SkipNonFiniteOptimizer(wrapper_replay.Replaying,
         loss if loss is not None or not losses else mean_loss, tower_values,
         self._name), self._step_criteria())
     tf1.add_to_collection(GUARD_RESULTS, result)
-    self._note_own_variables(known)
-    self._last_result = result
-    self._step_variables = (
+    self._protection.note_own_variables(known)
+    last.result = result
+    last.variables = (
         rollback.written_variables(update_ops) +
         list(counters_lib.skip_counters()) +
         (self._loss_scale.all_variables if self._loss_scale else []) +
         result.reasons.variables +
         ([global_step] if global_step is not None else []))
-    self._run_step = write_check.Step(
+    last.run_step = write_check.Step(
         result.applied, result.train_op, global_step,
-        frozenset(v.op.name for v in self._step_variables +
+        frozenset(v.op.name for v in last.variables +
                   keras_route.compiling_model_metric_variables()),
         self._strict)
     if self._check_runs:
-      run_check.watch(self._run_step)
+      run_check.watch(last.run_step, self)
     return result
 
   def _step_criteria(self):
     """The criteria of a step: keywords', the caller's, the parts."""
-    overflow = stacking.branch_ops(self._optimizer, self._loss_scale)
+    overflow = self._loss_scale_stacking.branch_ops()
     return ([spec.build(config) for spec, config in self._keyword_criteria]
             + self._criteria + [guard_parts.OnOverflow(b) for b in overflow]
-            + self._parts)
+            + self._tower_unit)
 
   def get_slot(self, var, name):
     return self._optimizer.get_slot(var, name)
 
   def get_slot_names(self):
     return self._optimizer.get_slot_names()
+
+  # The parts' API, the wrapper's (README.md, docs/wrapper.md).
+
+  def protect(self, op, name="protect"):
+    self._sync.check_protect()  # Refused inside SyncReplicasOptimizer.
+    return self._protection.protect(op, name)
+
+  def variables(self):
+    return self._protection.variables()
+
+  def applied(self):
+    """The bool tensor of the last built step: True if it was applied."""
+    return self._last_step.get().applied
+
+  def guard_result(self):
+    """The `guard.GuardResult` of the last `apply_gradients` call."""
+    return self._last_step.get()
+
+  def report_fetches(self, train_op=None):
+    return self._last_step.report_fetches(train_op)
+
+  def describe_skip(self, values):
+    return self._last_step.describe_skip(values)
+
+  def check_train_op(self, train_op):
+    return self._last_step.check_train_op(train_op)
+
+  def build_replay(self, inputs=None):
+    return self._replay.build_replay(inputs)
+
+  def replay(self, session, feed_dict):
+    return self._replay.replay(session, feed_dict)
+
+  def report_hook(self, skip_log_path=None, worker=0, replay=False,
+                  max_replays=10):
+    return self._replay.report_hook(skip_log_path, worker, replay,
+                                    max_replays)
+
+  def apply_gradients_per_device(self, grads_and_vars_per_device,
+                                 global_step=None, name=None, optimizers=None):
+    return self._per_device.apply_gradients_per_device(
+        grads_and_vars_per_device, global_step, name, optimizers)
+
+  def __getattr__(self, name):
+    # Only for names the instance lacks: `SyncReplicasOptimizer`'s session
+    # API, which scripts call on the optimizer they built (`mnist_replica.
+    # py`): the wrapper outside answers them for it. Never before `_sync`.
+    sync = self.__dict__.get("_sync")
+    try:
+      if sync is None:
+        raise AttributeError(name)
+      return sync.session_api(name)
+    except AttributeError:
+      raise AttributeError("%r object has no attribute %r"
+                           % (type(self).__name__, name)) from None
+
+
+for _part, _names in (
+    (protecting.Protection, ("protect", "variables")),
+    (reporting.LastStep, ("report_fetches", "describe_skip",
+                          "check_train_op")),
+    (wrapper_replay.Replay, ("build_replay", "replay", "report_hook")),
+    (per_device.PerDeviceSteps, ("apply_gradients_per_device",))):
+  for _name in _names:  # One docstring, the part's, for `help(opt)`.
+    getattr(SkipNonFiniteOptimizer, _name).__doc__ = getattr(
+        _part, _name).__doc__
+del _part, _names, _name

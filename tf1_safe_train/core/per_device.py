@@ -1,7 +1,7 @@
 """One guarded step over several devices' variable copies.
 
-`SkipNonFiniteOptimizer.apply_gradients_per_device` (the `PerDeviceSteps`
-mixin) and what it builds inside its one decision: each device's update by
+`SkipNonFiniteOptimizer.apply_gradients_per_device` (its `PerDeviceSteps`
+part) and what it builds inside its one decision: each device's update by
 its own optimizer, and the report's per-device rows.
 """
 
@@ -62,10 +62,21 @@ def report_rows(result, groups):
 
 
 class PerDeviceSteps(object):
-  """`SkipNonFiniteOptimizer.apply_gradients_per_device`.
+  """`SkipNonFiniteOptimizer.apply_gradients_per_device`."""
 
-  The wrapper provides `_optimizer`, `_build_step` and `_set_report`.
-  """
+  def __init__(self, optimizer, build_step, last_step):
+    """Creates the part.
+
+    Args:
+      optimizer: the wrapped optimizer (every device's by default).
+      build_step: the wrapper's guarded step: `build_step(grads_and_vars,
+        global_step, apply_fn, optimizers_and_pairs)` returns its
+        `guard.GuardResult`.
+      last_step: the wrapper's `reporting.LastStep`, given the report.
+    """
+    self._optimizer = optimizer
+    self._build_step = build_step
+    self._last_step = last_step
 
   def apply_gradients_per_device(self, grads_and_vars_per_device,
                                  global_step=None, name=None, optimizers=None):
@@ -100,5 +111,6 @@ class PerDeviceSteps(object):
         tuple(pair for group in groups for pair in group), global_step,
         apply_fn(optimizers, groups, name),
         list(zip(optimizers, groups)))
-    self._set_report(result, global_step, *report_rows(result, groups))
+    self._last_step.set_report(result, global_step,
+                               *report_rows(result, groups))
     return result.train_op

@@ -1,6 +1,6 @@
 """`protect` and the wrapper's own variables.
 
-`Protecting` is the part of `SkipNonFiniteOptimizer` that owns what its
+`Protection` is the part of `SkipNonFiniteOptimizer` that owns what its
 steps and `protect` add to the graph: `protect` rolls back, on a skipped
 step, the writes of ops built after `apply_gradients` (an EMA), and
 `variables()` lists the wrapped optimizer's variables with the wrapper's
@@ -17,13 +17,17 @@ from tf1_safe_train.core import run_advice
 tf1 = tf.compat.v1
 
 
-class Protecting(object):
-  """`SkipNonFiniteOptimizer`'s `protect` and `variables`.
+class Protection(object):
+  """`SkipNonFiniteOptimizer`'s `protect` and `variables`."""
 
-  The wrapper sets `_optimizer`, `_loss_scale`, `_own_variables`,
-  `_step_variables`, `_step_roots` and `_last_result`, and provides
-  `_result()`.
-  """
+  def __init__(self, optimizer, loss_scale, last_step):
+    """Args: the wrapped optimizer, the wrapper's `loss_scale.
+    DynamicLossScale` (or None), its `reporting.LastStep`."""
+    self._optimizer = optimizer
+    self._loss_scale = loss_scale
+    self._last_step = last_step
+    # What the wrapper's steps and `protect` create: `variables()` has them.
+    self._own_variables = []
 
   def protect(self, op, name="protect"):
     """Returns `op`, made to change nothing on a skipped step.
@@ -58,16 +62,17 @@ class Protecting(object):
         a tf.cond, or `op` writes something that is not a global or local
         variable.
     """
-    result = self._result()
+    last = self._last_step
+    result = last.get()
     loss_scale_stacking.check_protectable(result.applied)
     known = graph_variables()
     ops = [rollback.as_op(o) for o in tf.nest.flatten(op)]
     # A loss-scale cond next to the step halves its scale on a skip: kept.
     protected = rollback.protect(
-        ops, result.applied, {v.op.name for v in self._step_variables} |
+        ops, result.applied, {v.op.name for v in last.variables} |
         loss_scale_stacking.loss_scale_cond_writes(ops),
-        self._step_roots, name)
-    self._note_own_variables(known)
+        last.roots, name)
+    self.note_own_variables(known)
     run_advice.note_protected(protected)
     if isinstance(op, tf.Tensor):
       with tf1.control_dependencies([protected]):
@@ -76,7 +81,7 @@ class Protecting(object):
       return value
     return protected
 
-  def _note_own_variables(self, known):
+  def note_own_variables(self, known):
     """Notes the graph's variables not in `known` (ids) as the wrapper's."""
     self._own_variables += [
         v for v in tf1.global_variables() + tf1.local_variables()
@@ -93,8 +98,8 @@ class Protecting(object):
     own = [v for v in self._own_variables if v.graph is graph]
     if self._loss_scale is not None:  # Made with the wrapper, not a step.
       own += [v for v in self._loss_scale.all_variables if v.graph is graph]
-    if (self._last_result is not None and
-        self._last_result.applied.graph is graph):
+    last = self._last_step.result
+    if last is not None and last.applied.graph is graph:
       own = list(counters_lib.skip_counters(graph)) + own
     found = list(self._optimizer.variables())
     seen = {id(v) for v in found}

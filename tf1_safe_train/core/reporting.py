@@ -1,10 +1,12 @@
-"""The wrapper's report API: the last step's result, fetches, line, hook.
+"""The wrapper's last built step: its result, report and checks.
 
-`Reporting` is the part of `SkipNonFiniteOptimizer` a script calls to
-report its skips (`report_fetches`, `describe_skip`; its one `report_hook`
-is `wrapper_replay`'s, which also writes skips.jsonl and replays) and to
-check its train op (`check_train_op`); the report itself, the tensors and
-the line, is `step_report.StepReport` (its words: `skip_report`).
+`LastStep` is the part of `SkipNonFiniteOptimizer` that holds what its last
+`apply_gradients` built (the `guard.GuardResult`, the variables the step
+handles, where its search for update ops started, its `write_check.Step`),
+which `protect`, `variables`, the replay and the report read, and answers
+the report API a script calls (`report_fetches`, `describe_skip`,
+`check_train_op`); the report itself, the tensors and the line, is
+`step_report.StepReport` (its words: `skip_report`).
 """
 
 import tensorflow as tf
@@ -17,47 +19,54 @@ from tf1_safe_train.core import write_check
 tf1 = tf.compat.v1
 
 
-class Reporting(object):
-  """`SkipNonFiniteOptimizer`'s last step: its result, report and checks.
+class LastStep(object):
+  """`SkipNonFiniteOptimizer`'s last built step, and its report.
 
-  The wrapper sets `_last_result`, `_report` (via `_set_report`),
-  `_step_variables` and `_strict`, and provides `_name` and
-  `_increment_global_step_on_skip`.
+  Attributes:
+    result: the step's `guard.GuardResult`, or None before any step.
+    variables: what the step handles (global_step, counters, rolled-back
+      statistics, loss scale, criteria's state): `protect` leaves it alone.
+    roots: where the step's (and `protect`'s) search for update ops starts.
+    run_step: the step's `write_check.Step`, or None.
   """
 
-  _report = None
-  _report_args = None
-  _last_result = None
+  def __init__(self, name, increment_global_step_on_skip):
+    """Args: the wrapper's name and `increment_global_step_on_skip`."""
+    self._name = name
+    self._increment_global_step_on_skip = increment_global_step_on_skip
+    self.result = None
+    self.variables = []
+    self.roots = []
+    self.run_step = None
+    self._report = None
+    self._report_args = None
 
-  def applied(self):
-    """The bool tensor of the last built step: True if it was applied."""
-    return self._result().applied
+  def get(self):
+    """The last step's `guard.GuardResult`.
 
-  def guard_result(self):
-    """The `guard.GuardResult` of the last `apply_gradients` call."""
-    return self._result()
-
-  def _result(self):
-    if self._last_result is None:
+    Raises:
+      ValueError: before any step.
+    """
+    if self.result is None:
       raise ValueError("apply_gradients (or minimize) has not been called")
-    return self._last_result
+    return self.result
 
-
-  def _set_report(self, result, global_step, towers, devices,
-                  raw_grads=None):
+  def set_report(self, result, global_step, towers, devices,
+                 raw_grads=None):
     """Notes the last step's report; built when first asked for, so a step
     nobody reports on (the trainer's, which has its own) adds no op."""
     self._report = None
     self._report_args = (result, global_step, towers, devices, raw_grads)
 
-  def _built_report(self):
+  def report(self):
+    """The last step's `step_report.StepReport`, built now if not yet."""
     if self._report is None:
-      self._result()  # Raises the usual error before any step.
+      self.get()  # Raises the usual error before any step.
       result, global_step, towers, devices, raw_grads = self._report_args
       raw_flags = None
       with tf1.name_scope(self._name + "_report"):
         step = step_report.step_index(result, global_step,
-                          self._increment_global_step_on_skip)
+                                      self._increment_global_step_on_skip)
         if raw_grads is not None and towers is None:
           raw_flags = raw_gradients.flags(raw_grads, result.applied)
       self._report = step_report.StepReport(step, result, towers, devices,
@@ -80,7 +89,7 @@ class Reporting(object):
     Returns:
       A dict of tensors of the last built step.
     """
-    report = self._built_report()
+    report = self.report()
     if train_op is not None:
       self.check_train_op(train_op)
     return report.fetches
@@ -92,7 +101,7 @@ class Reporting(object):
     (/device:GPU:1); variables: conv1/weights" (towers when known:
     `tower_grads_and_vars=` or `apply_gradients_per_device`).
     """
-    return self._built_report().describe(values)
+    return self.report().describe(values)
 
   def check_train_op(self, train_op):
     """Names what `train_op` writes outside the skip decision.
@@ -116,6 +125,6 @@ class Reporting(object):
       ValueError: if `strict` and something is written outside the
         decision, or if `train_op` runs more than one guarded step.
     """
-    self._result()  # Raises the usual error before any step.
+    self.get()  # Raises the usual error before any step.
     ops = [rollback.as_op(o) for o in tf.nest.flatten(train_op)]
-    return write_check.check(ops, self._run_step)
+    return write_check.check(ops, self.run_step)

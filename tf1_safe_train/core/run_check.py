@@ -263,14 +263,17 @@ def original_run():
   return _originals["run"]
 
 
-def watch(step):
+def watch(step, wrapper=None):
   """Checks the first run of each distinct fetch set that executes `step`.
 
   Args:
     step: a `write_check.Step`.
+    wrapper: the `SkipNonFiniteOptimizer` whose `protect` keys on `step`
+      (the advice names what holds it), or None.
   """
   install()
-  user_words.note_holder(step)
+  if wrapper is not None:
+    user_words.note_holder(step, wrapper)
   graph = step.applied.graph
   check = graph_check(graph)
   if check is None:

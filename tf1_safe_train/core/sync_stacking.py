@@ -19,7 +19,6 @@ import tensorflow as tf
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import guard
 from tf1_safe_train.core import nonfinite
-from tf1_safe_train.core import protecting
 from tf1_safe_train.core import rollback
 from tf1_safe_train.core import run_check
 from tf1_safe_train.core import shadows
@@ -44,20 +43,28 @@ ADVICE = ("opt = SkipNonFiniteOptimizer(tf.compat.v1.train."
 
 
 class SyncStacking(object):
-  """`SkipNonFiniteOptimizer`'s side of a stack with `SyncReplicasOptimizer`.
+  """`SkipNonFiniteOptimizer`'s side of a stack with `SyncReplicasOptimizer`."""
 
-  The wrapper provides `_optimizer`, `_losses`, `_update_ops`,
-  `_increment_global_step_on_skip`,
-  `_build_step`, `_last_result`, `_step_variables` and `_strict`; this
-  class comes before `protecting.Protecting` (it refuses some `protect`s).
-  """
+  def __init__(self, optimizer, last_step, build_step, protect, *,
+               increment_global_step_on_skip, update_ops, strict):
+    """Args: the wrapped optimizer (a `SyncReplicasOptimizer`: outside),
+    the wrapper's `reporting.LastStep` (noting the worker's step), guarded
+    step (`per_device.PerDeviceSteps`), `protect` (the chief's averages),
+    and keywords."""
+    self._optimizer = optimizer
+    self._last_step = last_step
+    self._build_step = build_step
+    self._protect = protect
+    self._increment_global_step_on_skip = increment_global_step_on_skip
+    self._update_ops = update_ops
+    self._strict = strict
+    # True once a step was built inside a SyncReplicasOptimizer.
+    self._inside = False
 
-  # True once a step was built inside a SyncReplicasOptimizer.
-  _sync_inside = False
-
-  def protect(self, op, name="protect"):  # pylint: disable=missing-docstring
-    # Refused inside SyncReplicasOptimizer, where it would hang.
-    if self._sync_inside:
+  def check_protect(self):
+    """Refuses (ValueError) `protect` once a step was built inside a
+    SyncReplicasOptimizer: it would hang."""
+    if self._inside:
       # Its decision is the chief's queue runner's: a worker's train op
       # waiting for it would take the aggregate itself, or wait for ever.
       raise ValueError(
@@ -65,22 +72,19 @@ class SyncStacking(object):
           "cannot key a worker's ops on the chief's decision (the run would "
           "never finish). Put the wrapper outside instead: `%s`, then "
           "`train_op = opt.protect(train_op)`" % ADVICE)
-    return super(SyncStacking, self).protect(op, name)
 
-  protect.__doc__ = protecting.Protecting.protect.__doc__
-
-  def __getattr__(self, name):
-    # Only for names the instance lacks; never before `_optimizer` is set.
-    inner = self.__dict__.get("_optimizer")
-    if name in _SESSION_API and isinstance(inner,
+  def session_api(self, name):
+    """The wrapped `SyncReplicasOptimizer`'s `name`, of its session API
+    (else AttributeError)."""
+    if name in _SESSION_API and isinstance(self._optimizer,
                                            tf1.train.SyncReplicasOptimizer):
-      return getattr(inner, name)
-    raise AttributeError("%r object has no attribute %r"
-                         % (type(self).__name__, name))
+      return getattr(self._optimizer, name)
+    raise AttributeError(name)
 
-  def _sync_step(self, grads_and_vars, global_step, name):
-    """The train op of a step stacked with SyncReplicas, or None if not.
+  def step(self, grads_and_vars, global_step, name, losses):
+    """(the result of a step stacked outside, or None; the step's losses).
 
+    Outside: the worker's push and the chief's guarded step (`_outside`).
     Inside: refuses (ValueError) a graph whose statistics or averages the
     chief's step cannot protect; otherwise the chief's step is the usual
     one, built without the worker's losses (the chief never computes them).
@@ -96,18 +100,88 @@ class SyncStacking(object):
           "next gradients would be dropped as stale, and the step would "
           "never finish")
     if outside:
-      return _outside(self, self._optimizer, grads_and_vars, global_step,
-                      name)
+      self._outside(self._optimizer, grads_and_vars, global_step, name,
+                    losses)
+      return self._last_step.result, []
     if aggregated(grads_and_vars):
       worker_ops = []
       if self._update_ops is None:  # (The trainer pushes its statistics.)
         worker_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
         worker_ops += [op for op in rollback.update_ops_run_by(
-            [loss.op for loss in self._losses]) if op not in worker_ops]
+            [loss.op for loss in losses]) if op not in worker_ops]
       check_inside(_calling_sync(), worker_ops)
-      self._losses = []
-      self._sync_inside = True
-    return None
+      self._inside = True
+      return None, []
+    return None, losses
+
+  def _outside(self, sync, grads_and_vars, global_step, name, losses):
+    """The worker's push and, for the chief, the guarded apply of the aggregate.
+
+    The worker pushes every step, finite or not: a push left out would keep
+    the chief's aggregation (and every worker's token) waiting. The chief's
+    apply of the aggregate is the wrapper's guarded step, with the
+    `variable_averages` SyncReplicas would apply after it applied next to it
+    and rolled back on a skip. The update ops the worker's step runs anyway
+    (as for an unstacked step: `rollback.update_ops_run_by`) are rolled back
+    after its token when its own gradients or their values were not finite
+    or the chief skipped; `protect` keys on that too. Their writes are gated
+    (`sync_statistics`): a non-finite value never reaches the ps.
+    """
+    if global_step is None:
+      raise ValueError("SkipNonFiniteOptimizer(SyncReplicasOptimizer(...)): "
+                       "apply_gradients needs global_step (SyncReplicas "
+                       "checks staleness with it)")
+    grads_and_vars = tuple(grads_and_vars)
+    # The caller's control dependencies (the legacy update ops around
+    # `apply_gradients`) are the worker's: its pushes wait for them. Built
+    # under them, the chief's half would run the worker's forward pass.
+    deps = rollback.step_roots([], "sync_worker_control_dependencies")
+    # The chief's count of skips, read before the push and after the token.
+    skipped = counters_lib.skip_counters().skipped_steps
+    with tf1.control_dependencies(None):
+      before = _snapshot(skipped)
+      with tf1.control_dependencies(deps + [before]):
+        pushes = [(_after_deps(g), v) for g, v in grads_and_vars]
+    roots = rollback.step_roots(
+        [g for g, _ in grads_and_vars if g is not None] + losses,
+        "sync_worker_control_dependencies")
+    updates = [rollback.as_op(u) for u in (
+        rollback.update_ops_run_by(roots, [global_step])
+        if self._update_ops is None else self._update_ops)]
+    inner, averages = sync._opt, sync._variable_averages  # pylint: disable=protected-access
+    sync._opt = _ChiefStep(self._build_step, self._protect, inner, averages,  # pylint: disable=protected-access
+                           sync._variables_to_average)  # pylint: disable=protected-access
+    sync._variable_averages = None  # pylint: disable=protected-access
+    try:
+      with tf1.control_dependencies(None):
+        pushed = sync.apply_gradients(pushes, global_step, name)
+    finally:
+      sync._opt, sync._variable_averages = inner, averages  # pylint: disable=protected-access
+    written, _ = sync_statistics.gate(sync, updates,
+                                      [g for g, _ in grads_and_vars])
+    view = _worker_view(grads_and_vars, updates)
+    with tf1.control_dependencies([pushed]):
+      after = _snapshot(skipped)
+    # Applied: this worker's values were finite, written, and the chief's
+    # decision between its push and its token (no spare token) was to apply.
+    view = view._replace(applied=tf.reduce_all(tf.stack([
+        view.applied, written, tf.equal(before, after)]),
+                                               name="worker_applied"))
+    last = self._last_step  # The chief's step, noted by `build_step`.
+    # Never rolled back: a worker whose local step went back would push
+    # stale gradients, which the accumulators drop, for ever.
+    last.variables.append(sync._local_step)  # pylint: disable=protected-access
+    train_op = tf.group(pushed, view.applied, name="sync_worker_step")
+    if updates:
+      train_op = tf.group(train_op, rollback.protect(
+          updates, view.applied,
+          frozenset(v.op.name for v in last.variables),
+          name="sync_worker_statistics"))
+    last.variables += rollback.written_variables(updates)
+    handled = frozenset(v.op.name for v in last.variables)
+    last.result = view._replace(train_op=train_op)
+    run_check.watch(write_check.Step(view.applied, train_op, None, handled,
+                                     self._strict))
 
 
 def aggregated(grads_and_vars):
@@ -163,76 +237,6 @@ def check_inside(sync, worker_ops):
         "`opt.wrapped_optimizer`" % (" and ".join(unprotected), ADVICE))
 
 
-def _outside(wrapper, sync, grads_and_vars, global_step, name):
-  """The worker's push and, for the chief, the guarded apply of the aggregate.
-
-  The worker pushes every step, finite or not: a push left out would keep
-  the chief's aggregation (and every worker's token) waiting. The chief's
-  apply of the aggregate is the wrapper's guarded step, with the
-  `variable_averages` SyncReplicas would apply after it applied next to it
-  and rolled back on a skip. The update ops the worker's step runs anyway
-  (as for an unstacked step: `rollback.update_ops_run_by`) are rolled back
-  after its token when its own gradients or their values were not finite
-  or the chief skipped; `protect` keys on that too. Their writes are gated
-  (`sync_statistics`): a non-finite value never reaches the ps.
-  """
-  if global_step is None:
-    raise ValueError("SkipNonFiniteOptimizer(SyncReplicasOptimizer(...)): "
-                     "apply_gradients needs global_step (SyncReplicas "
-                     "checks staleness with it)")
-  grads_and_vars = tuple(grads_and_vars)
-  losses, wrapper._losses = wrapper._losses, []
-  # The caller's control dependencies (the legacy update ops around
-  # `apply_gradients`) are the worker's: its pushes wait for them. Built
-  # under them, the chief's half would run the worker's forward pass.
-  deps = rollback.step_roots([], "sync_worker_control_dependencies")
-  # The chief's count of skips, read before the push and after the token.
-  skipped = counters_lib.skip_counters().skipped_steps
-  with tf1.control_dependencies(None):
-    before = _snapshot(skipped)
-    with tf1.control_dependencies(deps + [before]):
-      pushes = [(_after_deps(g), v) for g, v in grads_and_vars]
-  roots = rollback.step_roots(
-      [g for g, _ in grads_and_vars if g is not None] + losses,
-      "sync_worker_control_dependencies")
-  updates = [rollback.as_op(u) for u in (
-      rollback.update_ops_run_by(roots, [global_step])
-      if wrapper._update_ops is None else wrapper._update_ops)]
-  inner, averages = sync._opt, sync._variable_averages  # pylint: disable=protected-access
-  sync._opt = _ChiefStep(wrapper, inner, averages,  # pylint: disable=protected-access
-                         sync._variables_to_average)  # pylint: disable=protected-access
-  sync._variable_averages = None  # pylint: disable=protected-access
-  try:
-    with tf1.control_dependencies(None):
-      pushed = sync.apply_gradients(pushes, global_step, name)
-  finally:
-    sync._opt, sync._variable_averages = inner, averages  # pylint: disable=protected-access
-  written, _ = sync_statistics.gate(sync, updates,
-                                    [g for g, _ in grads_and_vars])
-  view = _worker_view(grads_and_vars, updates)
-  with tf1.control_dependencies([pushed]):
-    after = _snapshot(skipped)
-  # Applied: this worker's values were finite, written, and the chief's
-  # decision between its push and its token (no spare token) was to apply.
-  view = view._replace(applied=tf.reduce_all(tf.stack([
-      view.applied, written, tf.equal(before, after)]), name="worker_applied"))
-  # Never rolled back: a worker whose local step went back would push
-  # stale gradients, which the accumulators drop, for ever.
-  wrapper._step_variables.append(sync._local_step)  # pylint: disable=protected-access
-  train_op = tf.group(pushed, view.applied, name="sync_worker_step")
-  if updates:
-    train_op = tf.group(train_op, rollback.protect(
-        updates, view.applied,
-        frozenset(v.op.name for v in wrapper._step_variables),
-        name="sync_worker_statistics"))
-  wrapper._step_variables += rollback.written_variables(updates)
-  handled = frozenset(v.op.name for v in wrapper._step_variables)
-  wrapper._last_result = view._replace(train_op=train_op)
-  run_check.watch(write_check.Step(view.applied, train_op, None, handled,
-                                   wrapper._strict))
-  return train_op
-
-
 def _snapshot(variable):
   """`variable`'s value when this op runs, a copy (a ref variable's
   plain read could alias its buffer and change with it)."""
@@ -278,16 +282,17 @@ class _ChiefStep(object):
   """What `SyncReplicasOptimizer` calls to apply the aggregate: the wrapper's
   guarded step over the wrapped optimizer, and the averages inside it."""
 
-  def __init__(self, wrapper, inner, averages, to_average):
-    self._wrapper = wrapper
+  def __init__(self, build_step, protect, inner, averages, to_average):
+    self._build_step = build_step
+    self._protect = protect
     self._inner = inner
     self._averages = averages
     self._to_average = to_average
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     grads_and_vars = tuple(grads_and_vars)
-    wrapper, inner = self._wrapper, self._inner
-    result = wrapper._build_step(  # pylint: disable=protected-access
+    inner = self._inner
+    result = self._build_step(
         grads_and_vars, global_step,
         lambda checked: inner.apply_gradients(checked, name=name),
         [(inner, grads_and_vars)])
@@ -296,4 +301,4 @@ class _ChiefStep(object):
     with tf1.control_dependencies([result.train_op]):
       averaged = self._averages.apply(self._to_average)
     return tf.group(result.train_op,
-                    wrapper.protect(averaged, name="protect_averages"))
+                    self._protect(averaged, name="protect_averages"))

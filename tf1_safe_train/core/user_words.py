@@ -88,15 +88,16 @@ class Holder(object):
     self.wrapper = wrapper
 
 
-def note_holder(step):
-  """Notes, while `step` (a `write_check.Step`) is built, what holds
+def note_holder(step, wrapper):
+  """Notes, while `step` (a `write_check.Step`) is built by `wrapper` (the
+  `SkipNonFiniteOptimizer` whose `protect` keys on it), what holds
   `protect` for it; a no-op where the stack does not tell."""
   ours, wrapping = None, None
   for frame in _frames():
     owner = frame.f_locals.get("self")
     if owner is None:
       continue
-    if ours is None and _attribute(owner, "_run_step") is step:
+    if ours is None and owner is wrapper:
       ours = owner
     elif ours is not None and owner is not ours:
       path = _path_to(owner, ours)

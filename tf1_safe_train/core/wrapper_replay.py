@@ -13,7 +13,6 @@ import tensorflow as tf
 
 from tf1_safe_train.core import op_walk
 from tf1_safe_train.core import replay as replay_lib
-from tf1_safe_train.core import reporting
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import step_report
 
@@ -73,18 +72,29 @@ class SkipLogHook(step_report.StepReportHook):
       skip_log.append(self._log_path, record)
 
 
-class Replaying(reporting.Reporting):
+class Replay(object):
   """`SkipNonFiniteOptimizer`'s replay of a batch, and its skips.jsonl hook.
 
-  The wrapper calls `_note_replay_outputs` with each step's losses and
-  gradients.
+  The wrapper calls `note_step` with each step's losses and gradients.
   """
 
-  _replay_outputs = None
-  _probes = None
-  _default_probe = None
+  def __init__(self, name, last_step):
+    """Args: the wrapper's name, its `reporting.LastStep`."""
+    self._name = name
+    self._last_step = last_step
+    self._replay_outputs = None
+    self._probes = None
+    self._default_probe = None
 
-  def _note_replay_outputs(self, losses, grads_and_vars):
+  def _built_report(self):
+    return self._last_step.report()
+
+  def check_train_op(self, train_op):
+    """The last step's `check_train_op` (`reporting.LastStep`)."""
+    return self._last_step.check_train_op(train_op)
+
+  def note_step(self, losses, grads_and_vars):
+    """Notes a step's losses and gradients: what a replay recomputes."""
     self._replay_outputs = list(losses) + [g for g, _ in grads_and_vars
                                            if g is not None]
     self._probes, self._default_probe = {}, None
@@ -106,7 +116,7 @@ class Replaying(reporting.Reporting):
     Raises:
       ValueError: if `apply_gradients` (or `minimize`) has not been called.
     """
-    self._result()
+    self._last_step.get()  # Raises the usual error before any step.
     if inputs is None:
       inputs = op_walk.placeholders(self._replay_outputs)
     inputs = list(inputs)
@@ -143,7 +153,7 @@ class Replaying(reporting.Reporting):
         and `build_replay` was not called before, or if the feed dict lacks
         a placeholder the loss needs.
     """
-    self._result()
+    self._last_step.get()  # Raises the usual error before any step.
     graph = self._replay_outputs[0].graph if self._replay_outputs else None
     fed = [graph.as_graph_element(k) if isinstance(k, str) else k
            for k in feed_dict]
