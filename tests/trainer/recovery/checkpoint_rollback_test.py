@@ -337,8 +337,11 @@ class RollbackWindowTest(tf.test.TestCase):
                      [(24, [1, 2]), (24, [3])])
 
 
-# tests/, this file's folder's parent: a rule names a test by its path there.
-_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/, the folder above this file's named "tests" (it may sit at any depth
+# in the tests' mirror of the package): a rule names a test by its path there.
+_TESTS = os.path.abspath(__file__)
+while os.path.basename(_TESTS) != "tests":
+  _TESTS = os.path.dirname(_TESTS)
 
 
 class StateRulesTest(tf.test.TestCase):

@@ -37,7 +37,7 @@ Attributes:
 # spike_skips) are named by the collection, not here.
 _REASON_COUNTERS = "<reason>_skips"
 
-_RUN = "trainer/checkpoint_rollback_test.py::RollbackRunTest::"
+_RUN = "trainer/recovery/checkpoint_rollback_test.py::RollbackRunTest::"
 _ROLLED_BACK = _RUN + "testRollsBackOnceSkipsTheWindowAndFinishes"
 _RESTART = _RUN + "testARestartNeverFeedsTheWindowAgain"
 _THIRD = _RUN + "testAThirdRollbackGoesBackPastTheFirstsCheckpoint"
@@ -47,7 +47,7 @@ _RERUN = ("e2e/reliability_rollback_test.py::TowerHistoryRollbackTest::"
           "testARerunOfTheFinishedRunKeepsTheRollbackFields")
 _GAVE_UP = ("e2e/reliability_rollback_test.py::SigkillAtRollbackTest::"
             "testSigkillAtAndAfterTheRollbackThenResumeToTheEnd")
-_ACROSS = "trainer/quarantine_test.py::AcrossRestartsTest::"
+_ACROSS = "trainer/tower/quarantine_test.py::AcrossRestartsTest::"
 _QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
 _QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"
 _REBUILT_INPUT = _ACROSS + "testTheRebuiltInputFeedsNoExampleTwice"
