@@ -26,6 +26,10 @@ NONFINITE = "nonfinite"
 # A reason counter's device type (an int64 scalar: host memory anyway).
 COUNTER_DEVICE = "/device:CPU:0"
 _REASON = re.compile(r"^[a-z][a-z0-9_]*$")
+# A reason counter's name after its reason (`counter_name`).
+_SKIPS = "_skips"
+_WOULD_SKIPS = "_would_skips"
+
 
 class Context(object):
   """What a criterion decides from (tensors of one step), built once.
@@ -105,6 +109,28 @@ def state_variable(name, value):
   """
   return tf1.Variable(value, name=name, trainable=False, collections=[
       tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
+
+
+def counter_name(reason, dry_run=False):
+  """The name of `reason`'s counter: "<reason>_skips" (skips labelled with
+  it), or for a dry run "<reason>_would_skips" (its would-be skips); the
+  reports' (TensorBoard's `skips/<name>`, run_summary.json's) and the
+  checkpoints'. Every reason's counter is named here, none by hand."""
+  return reason + (_WOULD_SKIPS if dry_run else _SKIPS)
+
+
+def counter_reason(name):
+  """(reason, dry_run) of a counter named by `counter_name`."""
+  if name.endswith(_WOULD_SKIPS):
+    return name[:-len(_WOULD_SKIPS)], True
+  if name.endswith(_SKIPS):
+    return name[:-len(_SKIPS)], False
+  raise ValueError("%r is no reason's counter" % (name,))
+
+
+def reason_counter(reason, dry_run=False, graph=None, initial_fn=None):
+  """The graph's counter of `reason` (`counter(counter_name(...))`)."""
+  return counter(counter_name(reason, dry_run), graph, initial_fn)
 
 
 def counter(name, graph=None, initial_fn=None):
