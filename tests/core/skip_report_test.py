@@ -9,6 +9,8 @@ named by `criteria.counter_name`, none by hand.
 
 import ast
 import os
+import subprocess
+import sys
 
 import tensorflow as tf
 
@@ -108,6 +110,25 @@ class OneModuleSaysWhatASkipSaysTest(tf.test.TestCase):
 
   def testNoReasonCounterIsNamedByHand(self):
     self.assertEqual(_where(_counter_named_by_hand), [])
+
+
+class NoTensorFlowTest(tf.test.TestCase):
+
+  def testTheRecordsModuleImportsNoTensorFlow(self):
+    # //:train's early checks (train_dir, before TensorFlow's import) write
+    # the rollback window's record through skip_report: a TensorFlow
+    # import there puts its start-up chatter on the first screen.
+    script = ("import sys\n"
+              "from tf1_safe_train.core import skip_report\n"
+              "from tf1_safe_train.trainer.inputs import "
+              "checkpoint_rollback_window\n"
+              "print('tensorflow' in sys.modules)")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        check=False)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout.strip(), "False")
 
 
 class CounterNamesTest(tf.test.TestCase):

@@ -12,6 +12,7 @@ import re
 
 import tensorflow as tf
 
+from tf1_safe_train.core import criterion_spec
 from tf1_safe_train.core import norms
 
 tf1 = tf.compat.v1
@@ -22,13 +23,10 @@ tf1 = tf.compat.v1
 OPTIONAL_STATE = "tf1_safe_train_optional_state"
 # Every reason's counters, `<reason>_skips` and `<reason>_would_skips`.
 COUNTERS_COLLECTION = "tf1_safe_train_reason_counters"
-NONFINITE = "nonfinite"
+NONFINITE = criterion_spec.NONFINITE
 # A reason counter's device type (an int64 scalar: host memory anyway).
 COUNTER_DEVICE = "/device:CPU:0"
 _REASON = re.compile(r"^[a-z][a-z0-9_]*$")
-# A reason counter's name after its reason (`counter_name`).
-_SKIPS = "_skips"
-_WOULD_SKIPS = "_would_skips"
 
 
 class Context(object):
@@ -111,21 +109,9 @@ def state_variable(name, value):
       tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
 
 
-def counter_name(reason, dry_run=False):
-  """The name of `reason`'s counter: "<reason>_skips" (skips labelled with
-  it), or for a dry run "<reason>_would_skips" (its would-be skips); the
-  reports' (TensorBoard's `skips/<name>`, run_summary.json's) and the
-  checkpoints'. Every reason's counter is named here, none by hand."""
-  return reason + (_WOULD_SKIPS if dry_run else _SKIPS)
-
-
-def counter_reason(name):
-  """(reason, dry_run) of a counter named by `counter_name`."""
-  if name.endswith(_WOULD_SKIPS):
-    return name[:-len(_WOULD_SKIPS)], True
-  if name.endswith(_SKIPS):
-    return name[:-len(_SKIPS)], False
-  raise ValueError("%r is no reason's counter" % (name,))
+# A reason counter's name (TensorFlow-free, for the early checks' modules).
+counter_name = criterion_spec.counter_name
+counter_reason = criterion_spec.counter_reason
 
 
 def reason_counter(reason, dry_run=False, graph=None, initial_fn=None):

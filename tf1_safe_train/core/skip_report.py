@@ -15,7 +15,9 @@ import time
 
 import numpy as np
 
-from tf1_safe_train.core import criteria as criteria_lib
+# (No TensorFlow: the early checks' modules, e.g. the rollback window's
+# record, write through it.)
+from tf1_safe_train.core import criterion_spec as criteria_lib
 
 NONFINITE = criteria_lib.NONFINITE
 # The tag prefix of every skip counter in TensorBoard.

@@ -243,11 +243,11 @@ def segment_flags(flags, sizes):
 class StepReportHook(hooks.GatedHook):
   """Logs the report of every skipped step; checks each new train op.
 
-  With `run_lines` (a `run_lines.WrapperRun`, which `report_hook` sets) it
+  With `story` (a `story.WrapperStory`, which `report_hook` sets) it
   also logs the run's start line at `begin` and its final line at `end`.
   """
 
-  run_lines = None
+  story = None
 
   def __init__(self, report, check_fn=None):
     """Creates the hook.
@@ -271,19 +271,19 @@ class StepReportHook(hooks.GatedHook):
 
   def begin(self):
     super(StepReportHook, self).begin()
-    if self.run_lines is not None:
-      self.run_lines.begin()
+    if self.story is not None:
+      self.story.begin()
 
   def end(self, session):
     del session  # What the run did was fetched with its steps.
-    if self.run_lines is not None:
-      self.run_lines.end()
+    if self.story is not None:
+      self.story.end()
 
   def after_run(self, run_context, run_values):
     if not self._fetched:
       return
-    if self.run_lines is not None:
-      self.run_lines.count(self._report.label(run_values.results))
+    if self.story is not None:
+      self.story.count(self._report.label(run_values.results))
     for line in self._report.dry_run_lines(run_values.results):
       self.dry_run_reports.append(line)
       logging.warning("%s", line)

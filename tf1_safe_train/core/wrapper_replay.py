@@ -14,9 +14,9 @@ import tensorflow as tf
 from tf1_safe_train.core import op_walk
 from tf1_safe_train.core import replay as replay_lib
 from tf1_safe_train.core import reporting
-from tf1_safe_train.core import run_lines
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import step_report
+from tf1_safe_train.core import story
 
 tf1 = tf.compat.v1
 
@@ -172,7 +172,7 @@ class Replaying(reporting.Reporting):
     the loss scale, the towers it was told of), and a final line, what the
     session's runs of the step did (steps run, applied, skipped by reason,
     examples/sec or steps/sec, wall time, where skips.jsonl is), in
-    //:train's words (`run_lines`; `run_lines.start_line`, `final_line`).
+    //:train's words (`story`; `story.start_line`, `final_line`).
 
     Args:
       skip_log_path: optional skips.jsonl path (`skip_log.path(dir,
@@ -196,7 +196,7 @@ class Replaying(reporting.Reporting):
       device = next((t.device for t in self._replay_outputs if t.device), "")
       hook = SkipLogHook(report, self.check_train_op, skip_log_path, worker,
                          device, probe, max_replays)
-    hook.run_lines = run_lines.WrapperRun(
+    hook.story = story.WrapperStory(
         report.criteria, self.loss_scale, report.tower_devices, batch_size,
         skip_log_path)
     return hook

@@ -14,7 +14,7 @@ import re
 from absl import logging
 
 from tf1_safe_train.core import reasons
-from tf1_safe_train.core import run_lines
+from tf1_safe_train.core import story
 from tf1_safe_train.trainer.run import run_summary
 
 _RULE = "=========="
@@ -107,7 +107,7 @@ def _unit(params):
 
 def _criteria(params, criteria):
   """One phrase per criterion: non-finite always, the others by reason."""
-  words = [run_lines.NONFINITE_PHRASE]
+  words = [story.NONFINITE_PHRASE]
   names = ([c.reason for c in criteria if c.reason != reasons.NONFINITE]
            if criteria is not None else
            (["spike"] if params.skip_spikes_sigma else []))
@@ -119,7 +119,7 @@ def _criteria(params, criteria):
           params.skip_spikes_sigma, params.spike_warmup_steps)
     else:
       phrase = name
-    words.append(phrase + (run_lines.DRY_RUN
+    words.append(phrase + (story.DRY_RUN
                            if name in dry or (name == "spike" and
                                               params.spike_dry_run) else ""))
   return words
@@ -170,7 +170,7 @@ def summary_line(summary, train_dir=None):
     words = ["no step run"]
   else:
     # A cluster's worker counts its own runs of the step; others' add up.
-    words = run_lines.steps_words(
+    words = story.steps_words(
         run, summary.get("applied_steps"), summary.get("skipped_steps"),
         summary.get("skips_by_reason") or {}, "cluster" in summary)
     left_out = summary.get("rejected_by_tower")
@@ -180,8 +180,8 @@ def summary_line(summary, train_dir=None):
     if summary.get("quarantined_towers"):
       words.append("quarantined towers %s" % summary["quarantined_towers"])
     words += ["final loss %.4f" % summary.get("final_loss", float("nan")),
-              run_lines.rate_words(summary.get("examples_per_sec"))]
-  words.append(run_lines.wall_words(summary.get("wall_seconds", 0.0)))
+              story.rate_words(summary.get("examples_per_sec"))]
+  words.append(story.wall_words(summary.get("wall_seconds", 0.0)))
   where = (os.path.join(train_dir, run_summary.RUN_SUMMARY) if train_dir
            else "written by the chief")
   return head + ", ".join(words) + "; run summary: " + where

@@ -1,7 +1,7 @@
 """A run's first and last lines, in the words //:train and the wrapper share.
 
 //:train's banner and final line (`trainer/run/run_story.py`) and the
-wrapper's `report_hook` (`WrapperRun`) say what a run guards and what it
+wrapper's `report_hook` (`WrapperStory`) say what a run guards and what it
 did in these words: "skip when gradients, loss or statistics hold NaN/Inf",
 "10 steps run, applied 9, skipped 1 (nonfinite 1)", "total examples/sec
 512.31", "wall 3.2 s". A word changed here changes both.
@@ -51,7 +51,7 @@ def wall_words(seconds):
   return "wall %.1f s" % seconds
 
 
-class WrapperRun(object):
+class WrapperStory(object):
   """The wrapper's run told in two lines: what it guards, what it did.
 
   `report_hook` owns one: `begin` logs the start line, `count` notes each

@@ -58,7 +58,7 @@ def _run(hook_fn, opt_kwargs=None, towers=False):
   return hook, [r.getMessage() for r in logs.records]
 
 
-class WrapperRunLinesTest(tf.test.TestCase):
+class WrapperStoryLinesTest(tf.test.TestCase):
 
   def testTheHookSaysWhatItGuardsAndWhatTheRunDid(self):
     path = skip_log.path(self.get_temp_dir(), 0)
@@ -88,11 +88,11 @@ class WrapperRunLinesTest(tf.test.TestCase):
     self.assertIn(
         "skip guard: skip when gradients, loss or statistics hold NaN/Inf; "
         "loss scale none; towers 2 (/device:CPU:0, /device:CPU:1)", lines)
-    self.assertRegex(hook.run_lines.final_line,
+    self.assertRegex(hook.story.final_line,
                      r"^run ended: 4 steps run, applied 3, skipped 1 "
                      r"\(nonfinite 1\), total steps/sec [0-9.]+, "
                      r"wall [0-9.]+ s$")
-    self.assertIn(hook.run_lines.final_line, lines)
+    self.assertIn(hook.story.final_line, lines)
 
   def testTheFinalLineHasTheTrainersWords(self):
     hook, _ = _run(lambda opt: opt.report_hook(batch_size=3))
@@ -103,12 +103,12 @@ class WrapperRunLinesTest(tf.test.TestCase):
         "examples_per_sec": 12.5, "wall_seconds": 2.0}, "/tmp/run")
     shared = "4 steps run, applied 3, skipped 1 (nonfinite 1)"
     self.assertIn(shared, trainers)
-    self.assertIn(shared, hook.run_lines.final_line)
+    self.assertIn(shared, hook.story.final_line)
     for words in ("total examples/sec ", " s; "):
       self.assertIn(words, trainers)
-    self.assertIn("total examples/sec ", hook.run_lines.final_line)
+    self.assertIn("total examples/sec ", hook.story.final_line)
     self.assertRegex(trainers, r", wall [0-9.]+ s; ")
-    self.assertRegex(hook.run_lines.final_line, r", wall [0-9.]+ s$")
+    self.assertRegex(hook.story.final_line, r", wall [0-9.]+ s$")
 
 
 if __name__ == "__main__":
