@@ -58,14 +58,6 @@ _DECISION = {"core/guard.py": "decide", "core/verdict.py": "with_flags",
              "core/reasons.py": "Decision.on_skip"}
 # The guard's function (`guard.decide`): at most this many parameters.
 _MAX_GUARD_PARAMETERS = 7
-# Issue #34: functions over the limit in modules other helpers are
-# rewriting now (they meet the rule themselves); the lead removes this
-# allow-list once their work has merged. "path:function".
-_LONG_FUNCTIONS_ALLOWED_FOR_NOW = frozenset((
-    "core/guard.py:guarded_apply",
-    "trainer/explain/forensics.py:ForensicsHook.after_run",
-    "trainer/config/param_validation.py:check_train",
-))
 
 
 def _imported_modules(source):
@@ -427,8 +419,7 @@ class LayoutTest(tf.test.TestCase):
         lengths = code_lines(f.read())
       for function, n in sorted(lengths.items()):
         seen.add("%s:%s" % (path, function))
-        if (n > _MAX_FUNCTION_CODE_LINES and "%s:%s" % (path, function)
-            not in _LONG_FUNCTIONS_ALLOWED_FOR_NOW):
+        if n > _MAX_FUNCTION_CODE_LINES:
           long_ones.append("%s:%s: %d code lines" % (path, function, n))
     self.assertIn("trainer/run/train_lib.py:train", seen)
     self.assertEqual(long_ones, [], "split these functions by concept")

@@ -3,7 +3,9 @@
 A few fp16 steps on 2 towers, one of them poisoned, written by the real
 trainer; then TensorBoard (the README's command, on a free 127.0.0.1 port)
 is asked through its HTTP API for the scalars `skips/skipped_steps`, the
-per-tower counts and `loss_scale`, and the text `skips/explained`.
+per-tower counts and `loss_scale`, and the text `skips/explained`. And
+issue #37's run: 20 steps at the default --save_summaries_steps, step 5
+skipped, seen at the point stamped 6 and at the last step's.
 """
 
 import importlib.util
@@ -27,6 +29,10 @@ from tf1_safe_train.trainer.run import train_lib
 
 _STEPS = 6
 _POISONED_STEP = 3
+# Issue #37's run: 20 steps, step 5 skipped, summaries at the default
+# period (100): the skip counters are written on every change regardless.
+_LONG_STEPS = 20
+_LONG_POISONED_STEP = 5
 _IMAGE_SIZE = 8  # fp16 convolutions are slow on CPU (fp16_train_test.py).
 _WAIT_SECS = 90
 
@@ -51,6 +57,12 @@ def _shrunk_dataset(batch_size, seed):
 def _pump(stream, lines):
   for line in stream:
     lines.put(line)
+
+
+def _points(port, tag):
+  """{step: value} of the scalar `tag` (TensorBoard's [wall, step, value])."""
+  return {step: value for _, step, value in _get(
+      port, "/data/plugin/scalars/scalars", run=".", tag=tag)}
 
 
 def _get(port, path, **query):
@@ -145,6 +157,36 @@ class TensorBoardTest(tf.test.TestCase):
     self.assertLen(explained, 1)
     self.assertEqual(_POISONED_STEP, explained[0]["step"])
     self.assertIn("not reproducible", explained[0]["text"])
+
+  def testASkipAtStep5OfTwentyIsAtPoint6AndTheLastStepsValuesAtPoint20(self):
+    # Issue #37's done-when. Summaries are stamped with global_step after
+    # the step (the loss of step 5 is at 6): "skipped step 5" is at 6.
+    train_dir = os.path.join(self.get_temp_dir(), "twenty")
+    params = params_lib.TrainParams(
+        train_dir=train_dir, model="small_cnn", num_towers=2, device="cpu",
+        batch_size=4, max_steps=_LONG_STEPS, save_checkpoints_steps=100000,
+        log_every_n_steps=100, max_explained_skips=0,
+        inject_nonfinite="nan@%d:1" % _LONG_POISONED_STEP).validate()
+    self.assertEqual(100, params.save_summaries_steps)  # The default.
+    summary = train_lib.train(params, dataset_fn=_shrunk_dataset)
+    self.assertEqual(1, summary["skipped_steps"])
+    port = self._start(train_dir)
+    tags = ["skips/skipped_steps", "skips/skip_marker", "skips/applied_steps"]
+    self.assertContainsSubset(tags, self._wait_for_tags(port, "scalars",
+                                                        tags))
+
+    at = _LONG_POISONED_STEP + 1
+    skipped = _points(port, "skips/skipped_steps")
+    self.assertEqual(1.0, skipped[at])
+    self.assertEqual([], [s for s, v in skipped.items() if s < at and v])
+    self.assertEqual(_LONG_STEPS, max(skipped))  # The last step's values.
+    self.assertEqual(1.0, skipped[_LONG_STEPS])
+    marker = _points(port, "skips/skip_marker")
+    self.assertEqual(1.0, marker[at])
+    self.assertEqual([at], [s for s, v in marker.items() if v])
+    self.assertEqual(0.0, marker[_LONG_STEPS])
+    applied = _points(port, "skips/applied_steps")
+    self.assertEqual(_LONG_STEPS - 1.0, applied[_LONG_STEPS])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import re
 
 import tensorflow as tf
 
+from tf1_safe_train.core import criterion_spec
 from tf1_safe_train.core import norms
 
 tf1 = tf.compat.v1
@@ -22,10 +23,11 @@ tf1 = tf.compat.v1
 OPTIONAL_STATE = "tf1_safe_train_optional_state"
 # Every reason's counters, `<reason>_skips` and `<reason>_would_skips`.
 COUNTERS_COLLECTION = "tf1_safe_train_reason_counters"
-NONFINITE = "nonfinite"
+NONFINITE = criterion_spec.NONFINITE
 # A reason counter's device type (an int64 scalar: host memory anyway).
 COUNTER_DEVICE = "/device:CPU:0"
 _REASON = re.compile(r"^[a-z][a-z0-9_]*$")
+
 
 class Context(object):
   """What a criterion decides from (tensors of one step), built once.
@@ -105,6 +107,16 @@ def state_variable(name, value):
   """
   return tf1.Variable(value, name=name, trainable=False, collections=[
       tf1.GraphKeys.GLOBAL_VARIABLES, OPTIONAL_STATE])
+
+
+# A reason counter's name (TensorFlow-free, for the early checks' modules).
+counter_name = criterion_spec.counter_name
+counter_reason = criterion_spec.counter_reason
+
+
+def reason_counter(reason, dry_run=False, graph=None, initial_fn=None):
+  """The graph's counter of `reason` (`counter(counter_name(...))`)."""
+  return counter(counter_name(reason, dry_run), graph, initial_fn)
 
 
 def counter(name, graph=None, initial_fn=None):

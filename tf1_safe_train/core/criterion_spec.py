@@ -17,6 +17,30 @@ import math
 
 from tf1_safe_train.core import checks
 
+# The reason of the non-finite criterion, always first.
+NONFINITE = "nonfinite"
+# A reason counter's name after its reason (`counter_name`).
+_SKIPS = "_skips"
+_WOULD_SKIPS = "_would_skips"
+
+
+def counter_name(reason, dry_run=False):
+  """The name of `reason`'s counter: "<reason>_skips" (skips labelled with
+  it), or for a dry run "<reason>_would_skips" (its would-be skips); the
+  reports' (TensorBoard's `skips/<name>`, run_summary.json's) and the
+  checkpoints'. Every reason's counter is named here, none by hand."""
+  return reason + (_WOULD_SKIPS if dry_run else _SKIPS)
+
+
+def counter_reason(name):
+  """(reason, dry_run) of a counter named by `counter_name`."""
+  if name.endswith(_WOULD_SKIPS):
+    return name[:-len(_WOULD_SKIPS)], True
+  if name.endswith(_SKIPS):
+    return name[:-len(_SKIPS)], False
+  raise ValueError("%r is no reason's counter" % (name,))
+
+
 
 class SpecError(ValueError):
   """A criterion's parameter has a bad value; the message names it."""

@@ -125,6 +125,11 @@ class DynamicLossScale(object):
   def floor(self):
     return self._floor
 
+  @property
+  def initial_scale(self):
+    """The scale a fresh run starts at (a float)."""
+    return self._initial_scale
+
   def scale(self):
     """The current scale (a float32 tensor) to multiply the loss by."""
     return self._state.scale.read_value()

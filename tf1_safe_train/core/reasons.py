@@ -1,14 +1,14 @@
-"""A step's skip criteria decided, and what the reports say of them.
+"""A step's skip criteria decided, and what the reports read of them.
 
 `Decision` or-s the criteria's flags into the guard's predicate and builds
 their branch ops, the skip branch counting the skip once, under the first
 criterion that fired (its label). `Report` is what every report reads of
 it (the wrapper's line and skips.jsonl, the trainer's hooks, forensics,
 TensorBoard, run_summary.json): per reason its flag, values and counters;
-the label of a skip; a dry-run criterion's would-be skip.
+the label of a skip; a dry-run criterion's would-be skip. What the
+reports say of them (lines, records, tags, counts) is `skip_report`'s.
 """
 
-import collections
 import functools
 
 import tensorflow as tf
@@ -58,7 +58,7 @@ def _counters(acting, skipped_steps):
   starts (`checkpoint_fit`'s fresh variables) at skipped_steps minus the
   other reasons' restored counts.
   """
-  others = [criteria_lib.counter(c.reason + "_skips") for c in acting[1:]]
+  others = [criteria_lib.reason_counter(c.reason) for c in acting[1:]]
 
   def value(counter):
     # A counter not yet initialised (a fresh run) counts 0 so far.
@@ -69,8 +69,8 @@ def _counters(acting, skipped_steps):
     return value(skipped_steps) - functools.reduce(
         tf.add, [value(c) for c in others])
 
-  return [criteria_lib.counter(NONFINITE + "_skips",
-                               initial_fn=nonfinite_initial)] + others
+  return [criteria_lib.reason_counter(NONFINITE,
+                                      initial_fn=nonfinite_initial)] + others
 
 
 class Decision(object):
@@ -97,8 +97,8 @@ class Decision(object):
                     if not c.dry_run]
     self.counters = ([skipped_steps] if len(self._acting) == 1 else
                      _counters([c for c, _ in self._acting], skipped_steps))
-    self.would_counters = [(criteria_lib.counter(c.reason + "_would_skips"),
-                            f) for c, f in zip(self.criteria, self.flags)
+    self.would_counters = [(criteria_lib.reason_counter(c.reason, True), f)
+                           for c, f in zip(self.criteria, self.flags)
                            if c.dry_run]
     # (One acting criterion, the default: the predicate is its flag.)
     self.skip = functools.reduce(tf.logical_or,
@@ -164,8 +164,9 @@ class Decision(object):
 
   def report(self, op):
     """The step's `Report`, its counters read after `op`."""
-    names = ([c.reason + "_skips" for c, _ in self._acting] +
-             [c.reason + "_would_skips" for c in self.criteria if c.dry_run])
+    names = ([criteria_lib.counter_name(c.reason) for c, _ in self._acting] +
+             [criteria_lib.counter_name(c.reason, True)
+              for c in self.criteria if c.dry_run])
     variables = self.counters + [v for v, _ in self.would_counters]
     return Report(self.criteria, dict(
         (c.reason, f) for c, f in zip(self.criteria, self.flags)),
@@ -215,49 +216,3 @@ class Report(object):
 
   def criterion(self, reason):
     return next(c for c in self.criteria if c.reason == reason)
-
-  def describe(self, step, reason, values, dry_run=False):
-    """The line of a skip (or dry-run would-be skip) for `reason` other
-    than non-finite, e.g. "skipped step 8: spike, gradient norm ..."."""
-    words = self.criterion(reason).describe(values["values"][reason])
-    head = ("step %d: %s would be skipped (dry run: applied)" % (step, reason)
-            if dry_run else "skipped step %d: %s" % (step, reason))
-    return head + (", " + words if words else "")
-
-  def record(self, reason, values):
-    """The skips.jsonl fields of `reason` (its values and thresholds)."""
-    return {reason: self.criterion(reason).record(values["values"][reason])}
-
-
-def summary_counts(counts):
-  """run_summary.json's fields from fetched `Report.counts`:
-  "skips_by_reason" and, with a dry run, "would_skips_by_reason"."""
-  by_reason = collections.OrderedDict()
-  would = collections.OrderedDict()
-  for name, value in sorted(counts.items()):
-    if name.endswith("_would_skips"):
-      would[name[:-len("_would_skips")]] = int(value)
-    else:
-      by_reason[name[:-len("_skips")]] = int(value)
-  return dict({"skips_by_reason": dict(by_reason)},
-              **({"would_skips_by_reason": dict(would)} if would else {}))
-
-
-def progress_words(counts):
-  """The progress line's words for fetched `Report.counts` (reasons other
-  than non-finite), e.g. " (1 spike)" or " (2 spikes; 1 would-be spike)"."""
-  by_reason = summary_counts(counts)
-  words = ["%d %s%s" % (n, r, "" if n == 1 else "s")
-           for r, n in sorted(by_reason["skips_by_reason"].items())
-           if r != NONFINITE]
-  would = ["%d would-be %s%s" % (n, r, "" if n == 1 else "s")
-           for r, n in sorted(by_reason.get("would_skips_by_reason",
-                                            {}).items())]
-  words = "; ".join(w for w in (", ".join(words), ", ".join(would)) if w)
-  return " (%s)" % words if words else ""
-
-
-def add_summaries(counts, collections=None):
-  """TensorBoard scalars `skips/<counter>` of `Report.counts` (a list)."""
-  return [tf1.summary.scalar("skips/" + name, value, collections=collections)
-          for name, value in sorted(counts.items())]

@@ -15,7 +15,9 @@ import time
 
 import numpy as np
 
-from tf1_safe_train.core import criteria as criteria_lib
+# (No TensorFlow: the early checks' modules, e.g. the rollback window's
+# record, write through it.)
+from tf1_safe_train.core import criterion_spec as criteria_lib
 
 NONFINITE = criteria_lib.NONFINITE
 # The tag prefix of every skip counter in TensorBoard.
@@ -208,10 +210,8 @@ def summary_counts(counts):
   by_reason = collections.OrderedDict()
   would = collections.OrderedDict()
   for name, value in sorted(counts.items()):
-    if name.endswith("_would_skips"):
-      would[name[:-len("_would_skips")]] = int(value)
-    else:
-      by_reason[name[:-len("_skips")]] = int(value)
+    reason, dry_run = criteria_lib.counter_reason(name)
+    (would if dry_run else by_reason)[reason] = int(value)
   return dict({"skips_by_reason": dict(by_reason)},
               **({"would_skips_by_reason": dict(would)} if would else {}))
 
@@ -221,7 +221,8 @@ def summary_fields(counts):
   "spike_skips": `LEGACY_REASON_FIELDS`)."""
   fields = summary_counts(counts)
   for reason in LEGACY_REASON_FIELDS:
-    fields[reason + "_skips"] = fields["skips_by_reason"].get(reason, 0)
+    fields[criteria_lib.counter_name(reason)] = fields[
+        "skips_by_reason"].get(reason, 0)
   return fields
 
 

@@ -66,14 +66,14 @@ _state_variable = criteria.state_variable
 
 def spike_skips_variable(graph=None):
   """The graph's int64 `spike_skips` variable, created on first use."""
-  return criteria.counter(REASON + "_skips", graph)
+  return criteria.reason_counter(REASON, graph=graph)
 
 
 def read_reasons(unused_skipped_steps, op):
   """`ReasonCounters` (the two reasons' counters) read after `op`."""
   with tf1.name_scope("read_spike_reasons"), tf1.control_dependencies([op]):
     return ReasonCounters(*[
-        tf.identity(criteria.counter(r + "_skips").read_value())
+        tf.identity(criteria.reason_counter(r).read_value())
         for r in (criteria.NONFINITE, REASON)])
 
 

@@ -100,6 +100,16 @@ class StepReport(object):
     if result.reasons is not None:
       self.fetches["criteria"] = result.reasons.fetches
 
+  @property
+  def tower_devices(self):
+    """The towers' devices ("" if unknown); [] if no towers were given."""
+    return list(self._tower_devices)
+
+  @property
+  def criteria(self):
+    """The step's criteria, or None (a sync replica's view)."""
+    return self.reasons.criteria if self.reasons is not None else None
+
   def label(self, values):
     """The reason of a run's skip from its fetched `fetches` (None if the
     step was applied): its first criterion that fired."""
@@ -231,7 +241,13 @@ def segment_flags(flags, sizes):
 
 
 class StepReportHook(hooks.GatedHook):
-  """Logs the report of every skipped step; checks each new train op."""
+  """Logs the report of every skipped step; checks each new train op.
+
+  With `story` (a `story.WrapperStory`, which `report_hook` sets) it
+  also logs the run's start line at `begin` and its final line at `end`.
+  """
+
+  story = None
 
   def __init__(self, report, check_fn=None):
     """Creates the hook.
@@ -253,9 +269,21 @@ class StepReportHook(hooks.GatedHook):
     if self._check_fn is not None:
       self._check_fn(ops)
 
+  def begin(self):
+    super(StepReportHook, self).begin()
+    if self.story is not None:
+      self.story.begin()
+
+  def end(self, session):
+    del session  # What the run did was fetched with its steps.
+    if self.story is not None:
+      self.story.end()
+
   def after_run(self, run_context, run_values):
     if not self._fetched:
       return
+    if self.story is not None:
+      self.story.count(self._report.label(run_values.results))
     for line in self._report.dry_run_lines(run_values.results):
       self.dry_run_reports.append(line)
       logging.warning("%s", line)

@@ -15,6 +15,7 @@ from tf1_safe_train.core import op_walk
 from tf1_safe_train.core import replay as replay_lib
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import step_report
+from tf1_safe_train.core import story
 
 tf1 = tf.compat.v1
 
@@ -171,12 +172,17 @@ class Replay(object):
     return probe.run(session, feed_dict)
 
   def report_hook(self, skip_log_path=None, worker=0, replay=False,
-                  max_replays=10):
+                  max_replays=10, batch_size=None):
     """A `SessionRunHook` that logs the report of every skipped step.
 
     For `MonitoredTrainingSession(hooks=[opt.report_hook()])`. It fetches
     only on runs that run the step, and checks (`check_train_op`) each new
     set of fetched ops before it runs. `reports` holds the lines logged.
+    It also logs (INFO) a start line, what the step guards (its criteria,
+    the loss scale, the towers it was told of), and a final line, what the
+    session's runs of the step did (steps run, applied, skipped by reason,
+    examples/sec or steps/sec, wall time, where skips.jsonl is), in
+    //:train's words (`story`; `story.start_line`, `final_line`).
 
     Args:
       skip_log_path: optional skips.jsonl path (`skip_log.path(dir,
@@ -189,11 +195,18 @@ class Replay(object):
         now. Runs without a feed dict (input pipelines) are not replayed.
       max_replays: replay at most this many skips (a long skip streak must
         not turn the run into a replay loop).
+      batch_size: optional, the examples one run of the step trains on (all
+        towers): the final line then says examples/sec, else steps/sec.
     """
+    report = self._built_report()
     if skip_log_path is None and not replay:
-      return step_report.StepReportHook(self._built_report(),
-                                        self.check_train_op)
-    probe = self.build_replay() if replay else None
-    device = next((t.device for t in self._replay_outputs if t.device), "")
-    return SkipLogHook(self._built_report(), self.check_train_op,
-                       skip_log_path, worker, device, probe, max_replays)
+      hook = step_report.StepReportHook(report, self.check_train_op)
+    else:
+      probe = self.build_replay() if replay else None
+      device = next((t.device for t in self._replay_outputs if t.device), "")
+      hook = SkipLogHook(report, self.check_train_op, skip_log_path, worker,
+                         device, probe, max_replays)
+    hook.story = story.WrapperStory(
+        report.criteria, self.loss_scale, report.tower_devices, batch_size,
+        skip_log_path)
+    return hook

@@ -92,6 +92,15 @@ class FlagDeclarationsTest(tf.test.TestCase):
     self.assertEqual(specs["max_steps"].kind, "integer")
     self.assertEqual(specs["sync_replicas"].kind, "boolean")
 
+  def testTheSummaryPeriodSaysTheSkipCountersAreNotSampled(self):
+    # Issue #37: the skips/ counters are written on every change
+    # (`step_summaries.CountersHook`), whatever --save_summaries_steps.
+    specs = {s.name: s for s in flag_specs.of_params(params_lib.TrainParams)}
+    help_text = specs["save_summaries_steps"].help
+    self.assertIn("skips/", help_text)
+    self.assertIn("on every step that changes one", help_text)
+    self.assertIn("regardless", help_text)
+
 
 if __name__ == "__main__":
   tf.test.main()

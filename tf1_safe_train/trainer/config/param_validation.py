@@ -107,15 +107,36 @@ def _check_skip_unit(params):
 
 
 def check_train(params):
-  """Checks every field of a `TrainParams`; raises ParamsError naming one."""
+  """Checks every field of a `TrainParams`; raises ParamsError naming one.
+
+  In the flags' order of concepts, the first bad field named (the order is
+  the error a user sees first when several are wrong).
+  """
   _check_model_and_data(params, "data_batch_*.bin")
   _check_finite_floats(params)
+  _check_towers_and_batch(params)
+  _check_optimization(params)
+  _check_steps(params)
+  _check_rollback(params)
+  _check_criteria(params)
+  _check_skip_unit(params)
+  _check_periods(params)
+  _check_drills_and_replays(params)
+  _check_precision(params)
+  _check_replicas(params)
+
+
+def _check_towers_and_batch(params):
   _check(checks.is_int(params.num_towers) and params.num_towers >= 1,
          "--num_towers=%r: must be an integer >= 1", params.num_towers)
   _check_one_of("device", params.device, DEVICES)
   _check(checks.is_int(params.batch_size) and params.batch_size >= 1,
          "--batch_size=%r: must be an integer >= 1 (per tower)",
          params.batch_size)
+
+
+def _check_optimization(params):
+  """The optimizer, its learning rate and schedule, decay and clipping."""
   _check_one_of("optimizer", params.optimizer, OPTIMIZERS)
   _check(params.learning_rate > 0, "--learning_rate=%r: must be > 0",
          params.learning_rate)
@@ -129,20 +150,30 @@ def check_train(params):
   _check(0 <= params.moving_average_decay < 1,
          "--moving_average_decay=%r: must be in [0, 1) (0 = off)",
          params.moving_average_decay)
+
+
+def _check_steps(params):
+  """How long the run goes on: its steps, the skips it takes in a row."""
   _check(checks.is_int(params.max_steps) and params.max_steps >= 1,
          "--max_steps=%r: must be an integer >= 1", params.max_steps)
   _check(checks.is_int(params.max_consecutive_skips) and
          params.max_consecutive_skips >= 0,
          "--max_consecutive_skips=%r: must be an integer >= 0 (0 = never "
          "give up)", params.max_consecutive_skips)
-  _check_rollback(params)
-  _check_criteria(params)
-  _check_skip_unit(params)
+
+
+def _check_periods(params):
+  """How often the run saves, writes summaries and logs progress."""
   for name in ("save_checkpoints_steps", "save_summaries_steps",
                "log_every_n_steps"):
     value = getattr(params, name)
     _check(checks.is_int(value) and value >= 1,
            "--%s=%r: must be an integer >= 1", name, value)
+
+
+def _check_drills_and_replays(params):
+  """The drills (and the seed that makes a run repeat them) and how many
+  skips a run replays."""
   _check_one_of("inject_into", params.inject_into, INJECT_INTO)
   _check(checks.is_int(params.seed), "--seed=%r: must be an integer",
          params.seed)
@@ -150,6 +181,10 @@ def check_train(params):
          params.max_explained_skips >= 0,
          "--max_explained_skips=%r: must be an integer >= 0",
          params.max_explained_skips)
+
+
+def _check_precision(params):
+  """The compute precision and fp16's dynamic loss scale."""
   _check_one_of("precision", params.precision, PRECISIONS)
   _check(1 <= params.initial_loss_scale <= 2.0**127,
          "--initial_loss_scale=%r: must be >= 1 and <= 2**127 (float32)",
@@ -162,6 +197,10 @@ def check_train(params):
          params.loss_scale_hysteresis >= 1,
          "--loss_scale_hysteresis=%r: must be an integer >= 1 (1 = every "
          "overflow halves the scale)", params.loss_scale_hysteresis)
+
+
+def _check_replicas(params):
+  """Replicas of a cluster: synchronous or not, how long they wait."""
   _check(isinstance(params.sync_replicas, bool),
          "--sync_replicas=%r: must be a boolean", params.sync_replicas)
   # The sync token that releases the replicas carries global_step; a skip

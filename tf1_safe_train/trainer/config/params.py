@@ -111,7 +111,9 @@ class TrainParams(object):
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(
-      100, "TensorBoard summaries every this many steps.")
+      100, "TensorBoard summaries every this many steps; the skips/ "
+      "counters are written regardless, on every step that changes one and "
+      "at the run's last step.")
   log_every_n_steps: int = _param(50, "Progress line every this many steps.")
   inject_nonfinite: str = _param(
       "", "Fault drill: comma-separated KIND@STEPS[:TOWER][/WORKER] or "

@@ -37,7 +37,6 @@ from tf1_safe_train.core import reasons as reasons_lib
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import skip_report
 from tf1_safe_train.trainer.inputs import batch_store
-from tf1_safe_train.trainer.run import disk_full
 from tf1_safe_train.trainer.explain import replay_lib
 from tf1_safe_train.trainer.explain import skip_states
 from tf1_safe_train.trainer.explain import verdict_counts
@@ -132,80 +131,81 @@ class ForensicsHook(core_hooks.GatedHook):
       if not left_out:
         return
     started = time.time()
-    session = run_context.session
-    step = int(results["step"])
-    batches = self._batches(session)
+    batches = self._batches(run_context.session)
     flags = [bool(f) for f in np.reshape(results["towers"], [-1])]
     reason = (self._reasons.label(results["criteria"]) if self._reasons
               else reasons_lib.NONFINITE)
-    record = skip_report.record(step, self._worker, reason,
+    record = skip_report.record(int(results["step"]), self._worker, reason,
                                 towers=self._towers(results, flags, batches))
     if left_out and results["applied"]:  # Replayed on the weights after.
       record.update(unit="tower", weights="after the step")
-    scale = float(results["scale"]) if "scale" in results else None
-    if scale is not None:
-      record["loss_scale"] = scale
+    if "scale" in results:
+      record["loss_scale"] = float(results["scale"])
     offending = [t for t, f in enumerate(flags) if f]
     # A flagged tower whose input holds NaN/Inf first: that alone is
     # evidence of data, whatever the weights (the record replays one).
     offending.sort(key=lambda t: bool(np.isfinite(batches[t][0]).all()))
+    text = self._verdict(run_context, record, offending, batches, flags,
+                         results.get("criteria"))
+    if reason != reasons_lib.NONFINITE and offending:
+      text = self._both_reasons(record, reason, results["criteria"], text)
+    record["seconds"] = round(time.time() - started, 4)
+    self._append(run_context, record, text)
+
+  def _verdict(self, run_context, record, offending, batches, flags,
+               criteria):
+    """Sets the record's verdict (a fault's: replayed); returns its line."""
+    step, reason = record["step"], record["reason"]
+    scale = record.get("loss_scale")
     if reason != reasons_lib.NONFINITE and not offending:
       # (The non-finite criterion comes first: a NaN step is labelled so;
       # a tower left out for a NaN is no reason of the decision, so a
       # spike of the rest labels its step: both reasons, `_both_reasons`.)
       record.update(verdict=FINITE % reason,
-                    **skip_report.criterion_fields(
-                        self._reasons, reason, results["criteria"]))
-      text = "step %d: %s" % (step, record["verdict"])
+                    **skip_report.criterion_fields(self._reasons, reason,
+                                                   criteria))
       self.verdicts[reason] += 1
     elif scale is not None and scale > LOSS_SCALE_FLOOR:
       # fp16: the scale halves and the step is retried on other data; a
       # replay would reproduce the overflow and exclude good examples.
       record["verdict"] = OVERFLOW % skip_report.format_scale(scale)
-      text = "step %d: %s" % (step, record["verdict"])
     elif not offending:
       # E.g. sync replicas: another worker's gradients were non-finite.
       record["verdict"] = "no tower of this worker was non-finite"
-      text = "step %d: %s" % (step, record["verdict"])
     elif self.explained >= self._max_explained and not (
         self._quarantine and self._quarantine.wants_replay(offending[0])):
       record["verdict"] = NOT_EXPLAINED
-      text = "step %d tower %d: %s" % (step, offending[0], NOT_EXPLAINED)
+      return "step %d tower %d: %s" % (step, offending[0], NOT_EXPLAINED)
     else:
-      self.explained += 1
-      explained = replay_lib.explain(session, self._forensics, offending[0],
-                                     batches[offending[0]], scale, flags)
-      record.update(explained)
-      replayed = record["replay"]
-      replayed["input_examples"] = [self._name(i)
-                                    for i in replayed["input_ids"]]
-      record["replay_seconds"] = record.pop("seconds")
-      try:
-        # A directory per event; the oldest beyond max_explained are
-        # pruned, so skips/ stays bounded across runs.
-        record["state_dir"] = os.path.relpath(skip_states.save(
-            self._params.train_dir, self._worker, step, batches,
-            self._params.to_dict(), scale, self._forensics.saver, session,
-            self._max_explained), self._params.train_dir)
-      except (OSError, tf.errors.OpError) as e:
-        if disk_full.path_of(e) is None:
-          raise
-        # The record matters more than the state (its ids are excluded on
-        # a restart): it is appended without state and the run goes on.
-        record["state_dir"] = None
-        record["state_error"] = disk_full.describe(e)
-        logging.warning("step %d: the skip's state for //:replay not saved: "
-                        "%s; its record is kept", step, record["state_error"])
-      self.replay_seconds.append(record["replay_seconds"])
-      self.verdicts[verdict_counts.verdict_key(explained)] += 1
-      if explained["suspect_device"]:
-        self.suspect_devices[explained["suspect_device"]] += 1
-        if self._quarantine:
-          self._quarantine.on_suspect(run_context, offending[0])
-      text = replay_lib.line(step, explained)
-    if reason != reasons_lib.NONFINITE and offending:
-      text = self._both_reasons(record, reason, results["criteria"], text)
-    record["seconds"] = round(time.time() - started, 4)
+      return self._replay(run_context, record, offending[0], batches, flags)
+    return "step %d: %s" % (step, record["verdict"])
+
+  def _replay(self, run_context, record, tower, batches, flags):
+    """Replays `tower`'s batch, saves the state for //:replay; its line."""
+    self.explained += 1
+    session, step = run_context.session, record["step"]
+    scale = record.get("loss_scale")
+    explained = replay_lib.explain(session, self._forensics, tower,
+                                   batches[tower], scale, flags)
+    record.update(explained)
+    replayed = record["replay"]
+    replayed["input_examples"] = [self._name(i)
+                                  for i in replayed["input_ids"]]
+    record["replay_seconds"] = record.pop("seconds")
+    skip_states.save_into(record, self._params, self._worker, batches,
+                          self._forensics.saver, session,
+                          self._max_explained)
+    self.replay_seconds.append(record["replay_seconds"])
+    self.verdicts[verdict_counts.verdict_key(explained)] += 1
+    if explained["suspect_device"]:
+      self.suspect_devices[explained["suspect_device"]] += 1
+      if self._quarantine:
+        self._quarantine.on_suspect(run_context, tower)
+    return replay_lib.line(step, explained)
+
+  def _append(self, run_context, record, text):
+    """Appends the record; logs, acts on and summarizes its line."""
+    step = record["step"]
     # Before the checkpoint saver's after_run: see the module doc.
     skip_log.append(skip_log.path(self._params.train_dir, self._worker),
                     record)

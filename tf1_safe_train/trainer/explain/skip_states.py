@@ -9,7 +9,8 @@ state, and a name is never reused, even after pruning. Directories written
 before K existed (`skips/step-N/`) count as K = 0. `prune` keeps a worker's
 newest states (highest K) and deletes the older ones; their records stay in
 `skips.jsonl`. A state's batches are `batch.npz` (`save_batches`); `save`
-writes a whole state (checkpoint, batches, params.json).
+writes a whole state (checkpoint, batches, params.json), `save_into` a
+skip's, its directory (or why none: a full disk) in the skip's record.
 """
 
 import json
@@ -17,9 +18,12 @@ import os
 import re
 import shutil
 
+from absl import logging
 import numpy as np
+import tensorflow as tf
 
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer.run import disk_full
 
 SKIPS_DIR = "skips"
 BATCH_FILE = "batch.npz"
@@ -132,3 +136,30 @@ def save(train_dir, worker, step, batches, params, scale, saver, session,
              write_meta_graph=False, write_state=False)
   prune(train_dir, keep, worker)
   return directory
+
+
+def save_into(record, params, worker, batches, saver, session, keep):
+  """`save`s the state of the skip of `record` (its "step", "loss_scale");
+  its directory in the record's "state_dir", relative to the train_dir.
+
+  A full disk is no reason to end the run: the record matters more than
+  the state (its ids are excluded on a restart), so it gets "state_dir"
+  None and "state_error" instead, and the run goes on.
+
+  Args:
+    record: the skip's skips.jsonl record, updated in place.
+    params: the run's `params.TrainParams`.
+    worker, batches, saver, session, keep: as `save`'s.
+  """
+  try:
+    record["state_dir"] = os.path.relpath(save(
+        params.train_dir, worker, record["step"], batches, params.to_dict(),
+        record.get("loss_scale"), saver, session, keep), params.train_dir)
+  except (OSError, tf.errors.OpError) as e:
+    if disk_full.path_of(e) is None:
+      raise
+    record["state_dir"] = None
+    record["state_error"] = disk_full.describe(e)
+    logging.warning("step %d: the skip's state for //:replay not saved: "
+                    "%s; its record is kept", record["step"],
+                    record["state_error"])

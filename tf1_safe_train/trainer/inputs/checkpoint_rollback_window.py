@@ -21,11 +21,11 @@ them (`steps_without_ids`).
 import collections
 import json
 import os
-import time
 
 import numpy as np
 
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.core import skip_report
 
 FILENAME = "rollback_windows.jsonl"
 REASON = "rollback_window"
@@ -73,10 +73,9 @@ class IdsRing(object):
 
 def append(train_dir, at_step, data_window, ids, steps_without_ids):
   """Appends the window's record (durable when it returns)."""
-  skip_log.append(path(train_dir), {
-      "step": at_step, "worker": 0, "time": time.time(), "reason": REASON,
-      "towers": [], "data_window": list(data_window), "example_ids": ids,
-      "steps_without_ids": steps_without_ids})
+  skip_log.append(path(train_dir), skip_report.record(
+      at_step, 0, REASON, towers=[], data_window=list(data_window),
+      example_ids=ids, steps_without_ids=steps_without_ids))
 
 
 def _window_problem(record):

@@ -14,6 +14,7 @@ import re
 from absl import logging
 
 from tf1_safe_train.core import reasons
+from tf1_safe_train.core import story
 from tf1_safe_train.trainer.run import run_summary
 
 _RULE = "=========="
@@ -106,7 +107,7 @@ def _unit(params):
 
 def _criteria(params, criteria):
   """One phrase per criterion: non-finite always, the others by reason."""
-  words = ["gradients, loss or statistics hold NaN/Inf"]
+  words = [story.NONFINITE_PHRASE]
   names = ([c.reason for c in criteria if c.reason != reasons.NONFINITE]
            if criteria is not None else
            (["spike"] if params.skip_spikes_sigma else []))
@@ -118,7 +119,7 @@ def _criteria(params, criteria):
           params.skip_spikes_sigma, params.spike_warmup_steps)
     else:
       phrase = name
-    words.append(phrase + (" (dry run: reported, applied)"
+    words.append(phrase + (story.DRY_RUN
                            if name in dry or (name == "spike" and
                                               params.spike_dry_run) else ""))
   return words
@@ -168,27 +169,19 @@ def summary_line(summary, train_dir=None):
   if not run:
     words = ["no step run"]
   else:
-    by_reason = summary.get("skips_by_reason") or {}
-    reasons_words = ", ".join("%s %d" % (r, n)
-                              for r, n in sorted(by_reason.items()) if n)
     # A cluster's worker counts its own runs of the step; others' add up.
-    words = ["%d step%s run%s" % (run, "" if run == 1 else "s",
-                                  " by this worker" if "cluster" in summary
-                                  else ""),
-             "applied %s" % summary.get("applied_steps"),
-             "skipped %s%s" % (summary.get("skipped_steps"),
-                               " (%s)" % reasons_words if reasons_words
-                               else "")]
+    words = story.steps_words(
+        run, summary.get("applied_steps"), summary.get("skipped_steps"),
+        summary.get("skips_by_reason") or {}, "cluster" in summary)
     left_out = summary.get("rejected_by_tower")
     if left_out is not None:
       words.append("towers left out %d (by tower %s)" % (
           sum(left_out), left_out))
     if summary.get("quarantined_towers"):
       words.append("quarantined towers %s" % summary["quarantined_towers"])
-    rate = summary.get("examples_per_sec")
     words += ["final loss %.4f" % summary.get("final_loss", float("nan")),
-              "total examples/sec %s" % ("%.2f" % rate if rate else "-")]
-  words.append("wall %.1f s" % summary.get("wall_seconds", 0.0))
+              story.rate_words(summary.get("examples_per_sec"))]
+  words.append(story.wall_words(summary.get("wall_seconds", 0.0)))
   where = (os.path.join(train_dir, run_summary.RUN_SUMMARY) if train_dir
            else "written by the chief")
   return head + ", ".join(words) + "; run summary: " + where
