@@ -156,7 +156,8 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     self._last_step = reporting.LastStep(name, increment_global_step_on_skip)
     self._protection = protecting.Protection(optimizer, loss_scale,
                                              self._last_step)
-    self._replay = wrapper_replay.Replay(name, self._last_step)
+    self._replay = wrapper_replay.Replay(name, self._last_step,
+                                         self._loss_scale)
     self._per_device = per_device.PerDeviceSteps(optimizer, self._build_step,
                                                  self._last_step)
     self._sync = sync_stacking.SyncStacking(
@@ -348,9 +349,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     return self._replay.replay(session, feed_dict)
 
   def report_hook(self, skip_log_path=None, worker=0, replay=False,
-                  max_replays=10):
+                  max_replays=10, batch_size=None):
     return self._replay.report_hook(skip_log_path, worker, replay,
-                                    max_replays)
+                                    max_replays, batch_size)
 
   def apply_gradients_per_device(self, grads_and_vars_per_device,
                                  global_step=None, name=None, optimizers=None):

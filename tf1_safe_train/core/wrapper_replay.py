@@ -79,10 +79,13 @@ class Replay(object):
   The wrapper calls `note_step` with each step's losses and gradients.
   """
 
-  def __init__(self, name, last_step):
-    """Args: the wrapper's name, its `reporting.LastStep`."""
+  def __init__(self, name, last_step, loss_scale=None):
+    """Args: the wrapper's name, its `reporting.LastStep`, its loss scale
+    (`loss_scale.DynamicLossScale` or None; the hook's start line names
+    it)."""
     self._name = name
     self._last_step = last_step
+    self.loss_scale = loss_scale
     self._replay_outputs = None
     self._probes = None
     self._default_probe = None
