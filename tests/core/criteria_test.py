@@ -7,13 +7,13 @@ trainer's `train_lib.train(criteria=...)` with no library change, and is
 reported, labelled and counted as the library's own criteria are.
 """
 
-import glob
 import os
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tests.fixtures import event_files
 from tests.fixtures import forensics_params
 from tf1_safe_train.core import criteria
 from tf1_safe_train.core import optimizer as optimizer_lib
@@ -57,17 +57,6 @@ class _Snapshots(tf1.train.SessionRunHook):
 
   def after_run(self, run_context, run_values):
     self.after.append(run_context.session.run(tf1.trainable_variables()))
-
-
-def _scalars(directory, tag_prefix):
-  """{tag: last value} of the event files' scalars under `directory`."""
-  values = {}
-  for path in sorted(glob.glob(os.path.join(directory, "events.out.*"))):
-    for event in tf1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag.startswith(tag_prefix):
-          values[value.tag] = value.simple_value
-  return values
 
 
 class WrapperCriterionTest(tf.test.TestCase):
@@ -177,8 +166,8 @@ class TrainerCriterionTest(tf.test.TestCase):
     self.assertNotIn("replay", record)
     self.assertEqual(summary["forensics"]["verdicts"],
                      {"tower_loss_above": 1})
-    self.assertEqual(_scalars(train_dir, "skips/"), dict(
-        _scalars(train_dir, "skips/"), **{
+    self.assertEqual(event_files.last_scalars(train_dir, "skips/"), dict(
+        event_files.last_scalars(train_dir, "skips/"), **{
             "skips/nonfinite_skips": 0.0,
             "skips/tower_loss_above_skips": 1.0}))
 

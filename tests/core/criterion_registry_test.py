@@ -4,7 +4,6 @@ the early check (no TensorFlow), the log line, skips.jsonl, TensorBoard,
 run_summary.json, forensics, and the wrapper's keyword.
 """
 
-import glob
 import importlib
 import json
 import os
@@ -16,6 +15,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from tests.fixtures import event_files
 from tests.fixtures import forensics_params
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.core import criterion_registry
@@ -73,16 +73,6 @@ class LossCeiling(criteria.Criterion):
   def describe(self, values):
     return "loss %.4g > threshold %.4g" % (values["loss"], values["threshold"])
 '''
-
-
-def _scalars(directory, tag_prefix):
-  values = {}
-  for path in sorted(glob.glob(os.path.join(directory, "events.out.*"))):
-    for event in tf1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag.startswith(tag_prefix):
-          values[value.tag] = value.simple_value
-  return values
 
 
 class RegisteredCriterionTest(tf.test.TestCase):
@@ -145,7 +135,7 @@ class RegisteredCriterionTest(tf.test.TestCase):
                      (2, "loss_ceiling", forensics.FINITE % "loss_ceiling"))
     self.assertGreater(record["loss_ceiling"]["loss"], 100.0)
     self.assertEqual(summary["forensics"]["verdicts"], {"loss_ceiling": 1})
-    self.assertEqual(_scalars(train_dir, "skips/loss_ceiling")[
+    self.assertEqual(event_files.last_scalars(train_dir, "skips/loss_ceiling")[
         "skips/loss_ceiling_skips"], 1.0)
 
   def testTheWrapperTakesItsKeyword(self):

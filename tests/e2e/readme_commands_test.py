@@ -14,18 +14,14 @@ reason, so that a command added to the README fails
 """
 
 import os
-import queue
 import re
 import shlex
-import subprocess
-import sys
-import threading
-import time
 import urllib.request
 
 import tensorflow as tf
 
 from tests.fixtures import binaries
+from tests.fixtures import tensorboard_server
 
 _MAX_LINES = 250
 # Commands of the README that no test can run, and why.
@@ -97,21 +93,6 @@ def _numbers_aside(line):
   return re.sub(r" +", " ", re.sub(r"\d+", "#", line))
 
 
-def _tensorboard_command():
-  """The //:tensorboard binary under `bazel test`, else its main module."""
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    return [os.path.join(srcdir, os.environ["TEST_WORKSPACE"], "tools",
-                         "tensorboard")]
-  return [sys.executable, os.path.join(_root(), "tools",
-                                       "run_tensorboard.py")]
-
-
-def _pump(stream, lines):
-  for line in stream:
-    lines.put(line)
-
-
 class ReadmeCommandsTest(tf.test.TestCase):
 
   def testTheReadmeIsAShortFrontDoor(self):
@@ -169,31 +150,15 @@ class ReadmeCommandsTest(tf.test.TestCase):
 
   def _serve(self, args):
     """Runs TensorBoard with `args` on a free port until it answers."""
-    process = subprocess.Popen(
-        _tensorboard_command() + args + ["--host=127.0.0.1", "--port=0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    process = tensorboard_server.start(args)
     try:
-      # Read by a thread to the end (a full pipe would stop it), so that
-      # waiting for its banner ("TensorBoard 2.21.0 at http://...") ends.
-      lines = queue.Queue()
-      threading.Thread(target=_pump, args=(process.stdout, lines),
-                       daemon=True).start()
-      output = []
-      deadline = time.monotonic() + _WAIT_SECS
-      while time.monotonic() < deadline and process.poll() is None:
-        try:
-          output.append(lines.get(timeout=1))
-        except queue.Empty:
-          continue
-        match = re.search(r"http://127\.0\.0\.1:(\d+)/", output[-1])
-        if match:
-          url = "http://127.0.0.1:%s/data/runs" % match.group(1)
-          with urllib.request.urlopen(url, timeout=30) as response:
-            self.assertEqual(response.status, 200)
-          return
-      self.fail("TensorBoard did not start (exit code %s):\n%s" % (
-          process.poll(), "".join(output)))
+      port, output = tensorboard_server.port(process, _WAIT_SECS)
+      if port is None:
+        self.fail("TensorBoard did not start (exit code %s):\n%s" % (
+            process.poll(), output))
+      url = "http://127.0.0.1:%d/data/runs" % port
+      with urllib.request.urlopen(url, timeout=30) as response:
+        self.assertEqual(response.status, 200)
     finally:
       process.kill()
       process.wait(timeout=30)

@@ -11,11 +11,6 @@ skipped, seen at the point stamped 6 and at the last step's.
 import importlib.util
 import json
 import os
-import queue
-import re
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -23,6 +18,7 @@ import urllib.request
 
 import tensorflow as tf
 
+from tests.fixtures import tensorboard_server
 from tf1_safe_train import data
 from tf1_safe_train.trainer.config import params as params_lib
 from tf1_safe_train.trainer.run import train_lib
@@ -37,26 +33,10 @@ _IMAGE_SIZE = 8  # fp16 convolutions are slow on CPU (fp16_train_test.py).
 _WAIT_SECS = 90
 
 
-def _tensorboard_command():
-  """The //:tensorboard binary under `bazel test`, else its main module."""
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    return [os.path.join(srcdir, os.environ["TEST_WORKSPACE"], "tools",
-                         "tensorboard")]
-  return [sys.executable, os.path.join(
-      os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tools",
-      "run_tensorboard.py")]
-
-
 def _shrunk_dataset(batch_size, seed):
   return data.get_dataset("synthetic", "train", batch_size, seed=seed).map(
       lambda images, labels: (tf.image.resize(
           images, [_IMAGE_SIZE, _IMAGE_SIZE], method="area"), labels))
-
-
-def _pump(stream, lines):
-  for line in stream:
-    lines.put(line)
 
 
 def _points(port, tag):
@@ -87,32 +67,15 @@ class TensorBoardTest(tf.test.TestCase):
 
   def _start(self, train_dir):
     """TensorBoard on `train_dir`, and its port (read from its banner)."""
-    process = subprocess.Popen(
-        _tensorboard_command() + [
-            "--logdir=" + train_dir, "--host=127.0.0.1", "--port=0",
-            "--reload_interval=1", "--load_fast=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    process = tensorboard_server.start([
+        "--logdir=" + train_dir, "--reload_interval=1", "--load_fast=false"])
     self.addCleanup(process.wait, timeout=30)
     self.addCleanup(process.kill)
-    # Its output is read by a thread to its end (a full pipe would stop
-    # it), so that waiting for the banner ("TensorBoard 2.21.0 at
-    # http://127.0.0.1:PORT/", its last line before serving) is bounded.
-    lines = queue.Queue()
-    threading.Thread(target=_pump, args=(process.stdout, lines),
-                     daemon=True).start()
-    output = []
-    deadline = time.monotonic() + _WAIT_SECS
-    while time.monotonic() < deadline and process.poll() is None:
-      try:
-        output.append(lines.get(timeout=1))
-      except queue.Empty:
-        continue
-      match = re.search(r"http://127\.0\.0\.1:(\d+)/", output[-1])
-      if match:
-        return int(match.group(1))
-    self.fail("TensorBoard did not start (exit code %s):\n%s" % (
-        process.poll(), "".join(output)))
+    port, output = tensorboard_server.port(process, _WAIT_SECS)
+    if port is None:
+      self.fail("TensorBoard did not start (exit code %s):\n%s" % (
+          process.poll(), output))
+    return port
 
   def _wait_for_tags(self, port, plugin, wanted):
     """The tags of `plugin` once they include `wanted` (loaded in the back)."""

@@ -1,28 +1,15 @@
 """tools/module_map.py: docs/layout.md's map of the package, generated."""
 
-import importlib.util
 import os
 import tempfile
 import textwrap
 import unittest
 
 from tests import layout_test
+from tests.fixtures import tool_modules
 
 
-def _load():
-  root = os.environ.get("TEST_SRCDIR")
-  if root:
-    root = os.path.join(root, os.environ["TEST_WORKSPACE"])
-  else:
-    root = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)
-  spec = importlib.util.spec_from_file_location(
-      "module_map", os.path.join(root, "tools", "module_map.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-module_map = _load()
+module_map = tool_modules.load("module_map")
 
 _PAGE = textwrap.dedent("""\
     # Layout

@@ -1,24 +1,11 @@
 """tools/regen_docs.py: the docs' generated parts, rewritten in place."""
 
-import importlib.util
-import os
 import unittest
 
-
-def _load():
-  root = os.environ.get("TEST_SRCDIR")
-  if root:
-    root = os.path.join(root, os.environ["TEST_WORKSPACE"])
-  else:
-    root = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)
-  spec = importlib.util.spec_from_file_location(
-      "regen_docs", os.path.join(root, "tools", "regen_docs.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from tests.fixtures import tool_modules
 
 
-regen_docs = _load()
+regen_docs = tool_modules.load("regen_docs")
 
 
 class RegenDocsTest(unittest.TestCase):
