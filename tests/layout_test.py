@@ -15,13 +15,13 @@ And the sizes that keep the house readable: no function of the package over
 
 import ast
 import collections
-import importlib.util
 import os
 import subprocess
 import sys
 
 import tensorflow as tf
 
+from tests.fixtures import tool_modules
 import tf1_safe_train
 from tf1_safe_train import core
 
@@ -233,17 +233,6 @@ def code_lines(source):
   return found
 
 
-def _module_map():
-  """tools/module_map.py, loaded from the repository (beside the package's
-  directory: the runfiles under Bazel)."""
-  top = os.path.dirname(os.path.dirname(tf1_safe_train.__file__))
-  spec = importlib.util.spec_from_file_location(
-      "module_map", os.path.join(top, "tools", "module_map.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def _core_modules():
   directory = os.path.dirname(core.__file__)
   return sorted(f[:-3] for f in os.listdir(directory)
@@ -366,7 +355,7 @@ class LayoutTest(tf.test.TestCase):
     with open(os.path.join(os.path.dirname(top), "docs", "layout.md")) as f:
       page = f.read()
     self.assertMultiLineEqual(
-        _module_map().generate(page, top), page,
+        tool_modules.load("module_map").generate(page, top), page,
         "docs/layout.md's map is not the modules' docstrings: run "
         "`python tools/regen_docs.py` from the repository's top")
 
