@@ -228,7 +228,8 @@ class TrainCliTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
   # shows a clean log.) Forked from the server (as the eval run below, which
   # shares its TensorFlow import): both are claims about the binary's code;
   # the real binaries start in the refusals above and in
-  # first_screen_test, whose quick start has no deprecation notice either.
+  # readme_commands_test, whose quick start has no deprecation notice
+  # either.
   def testRelativeTrainDirAndNoDeprecationWarnings(self):
     user_dir = os.path.join(self.get_temp_dir(), "user")
     os.makedirs(user_dir)
@@ -292,6 +293,23 @@ class LaunchTest(tf.test.TestCase, binaries.OneLineErrorAssertions):
                   result.stdout)
     self.assertNotIn("bazelw", result.stdout)
     self.assertIn("--max_steps", result.stdout)
+
+  def testVerbosityZeroBringsTensorFlowsInfoLinesBack(self):
+    # The binaries hide TensorFlow's INFO lines (the quick start's first
+    # screen has none: tests/e2e/readme_commands_test.py); absl's -v 0
+    # shows them. A new process in the user's environment: the log level
+    # is read when TensorFlow is imported.
+    env = binaries.env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    result = subprocess.run(
+        binaries.command("train") + [
+            "--batch_size=2", "--num_towers=1", "-v", "0", "--max_steps=1",
+            "--train_dir=" + os.path.join(self.get_temp_dir(), "verbose")],
+        capture_output=True, text=True, env=env, timeout=600, check=False)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    for chatter in ("Create CheckpointSaverHook", "Graph was finalized",
+                    "Saving checkpoints for 1 into"):
+      self.assertIn(chatter, result.stderr)
 
   def testCommandIsHowItWasLaunched(self):
     workspace = self.get_temp_dir()

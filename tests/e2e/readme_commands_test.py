@@ -11,16 +11,23 @@ until it answers on a free port of 127.0.0.1 (the README's: 6006). The
 commands that cannot run in a test are listed in `_NOT_RUN` with the
 reason, so that a command added to the README fails
 `testEveryCommandRunsOrIsListed` until it is run here or listed.
+
+The first command, the quick start, runs once for two of the README's
+promises: a fresh process in the user's environment (TensorFlow's log
+level unset), whose first lines must be the README's first-screen block
+and whose last line its last-line block, numbers aside (times, ids,
+losses, rates) and the README's --train_dir in place of the test's, with
+no INFO line or deprecation notice of TensorFlow in between.
 """
 
-import os
 import re
-import shlex
+import subprocess
 import urllib.request
 
 import tensorflow as tf
 
 from tests.fixtures import binaries
+from tests.fixtures import readme_text
 from tests.fixtures import tensorboard_server
 
 _MAX_LINES = 250
@@ -41,45 +48,21 @@ _NOT_RUN = {
 # them (tensorboard aside: `_serve`).
 _BINARIES = {"train", "eval", "replay", "local_cluster", "tensorboard"}
 _WAIT_SECS = 120
-
-
-def _root():
-  srcdir = os.environ.get("TEST_SRCDIR")
-  if srcdir:
-    return os.path.join(srcdir, os.environ["TEST_WORKSPACE"])
-  return os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)
-
-
-def _readme():
-  with open(os.path.join(_root(), "README.md")) as f:
-    return f.read()
+# TensorFlow's INFO lines and deprecation notices (logged as warnings),
+# which the quick start must not print.
+_TF_CHATTER = ("Create CheckpointSaverHook", "Graph was finalized",
+               "local_init_op", "Calling checkpoint listeners",
+               "Saving checkpoints for", "is deprecated")
+# TensorFlow's oneDNN notice, printed only on CPUs where it turns oneDNN on.
+_ONEDNN = re.compile(r"oneDNN custom operations|before absl::InitializeLog")
 
 
 def commands(text):
-  """The commands of the ```sh blocks of `text`, in order (a line ending
-  in a backslash goes on on the next)."""
-  found = []
-  for block in re.findall(r"(?ms)^```sh\n(.*?)^```", text):
-    for line in block.replace("\\\n", " ").splitlines():
-      line = " ".join(line.split())
-      if line and not line.startswith("#"):
-        found.append(line)
-  return found
+  return readme_text.commands(text)
 
 
 def bazel_run(command):
-  """(target name, its arguments) of `./bazelw run //:NAME -- ARGS`, or
-  None for another command."""
-  words = shlex.split(command)
-  if words[:2] != ["./bazelw", "run"] or len(words) < 3:
-    return None
-  match = re.match(r"^//:(\w+)$", words[2])
-  if not match or match.group(1) not in _BINARIES:
-    return None
-  args = words[3:]
-  if args and args[0] == "--":
-    args = args[1:]
-  return match.group(1), args
+  return readme_text.bazel_run(command, _BINARIES)
 
 
 def _in(directory, args):
@@ -88,18 +71,13 @@ def _in(directory, args):
           for a in args]
 
 
-def _numbers_aside(line):
-  """`line` with each number a '#' (tests/e2e/first_screen_test.py's)."""
-  return re.sub(r" +", " ", re.sub(r"\d+", "#", line))
-
-
 class ReadmeCommandsTest(tf.test.TestCase):
 
   def testTheReadmeIsAShortFrontDoor(self):
-    self.assertLessEqual(len(_readme().splitlines()), _MAX_LINES)
+    self.assertLessEqual(len(readme_text.readme().splitlines()), _MAX_LINES)
 
   def testEveryCommandRunsOrIsListed(self):
-    found = commands(_readme())
+    found = commands(readme_text.readme())
     self.assertIn("./bazelw test //...", found)
     for command in found:
       with self.subTest(command=command):
@@ -120,7 +98,7 @@ class ReadmeCommandsTest(tf.test.TestCase):
                      ["--logdir=/t/d/q", "--x=/var/tmp/y"])
 
   def testEveryCommandRunsInOrder(self):
-    readme = _readme()
+    readme = readme_text.readme()
     work = self.get_temp_dir()
     ran = []
     for command in commands(readme):
@@ -132,21 +110,41 @@ class ReadmeCommandsTest(tf.test.TestCase):
         if name == "tensorboard":
           self._serve(args)
         else:
-          result = binaries.run(name, *args, timeout=900,
-                                fresh_process=name == "local_cluster")
+          quick_start = not ran
+          result = (_run_as_user(name, args) if quick_start else
+                    binaries.run(name, *args, timeout=900,
+                                 fresh_process=name == "local_cluster"))
           self.assertEqual(result.returncode, 0, result.stderr[-5000:])
-          if not ran:  # The quick start: its last line is the README's.
+          if quick_start:
+            self._assertFirstScreen(readme, command, result, work)
             self._assertLastLine(readme, result.stderr, work)
         ran.append(name)
     self.assertEqual(ran[0], "train")
     self.assertContainsSubset(_BINARIES, ran)
 
+  def _assertFirstScreen(self, readme, command, result, work):
+    """The run's first lines are the README's first screen, no chatter."""
+    # The banner names the run's train_dir: the README's, in the block.
+    printed = result.stderr.replace(work.rstrip("/") + "/",
+                                    "/tmp/").splitlines()
+    expected = readme_text.first_screen(readme)
+    if not any(_ONEDNN.search(line) for line in printed):  # Another CPU.
+      expected = [line for line in expected if not _ONEDNN.search(line)]
+    self.assertGreaterEqual(len(expected), 3)
+    self.assertIn("--train_dir=/tmp/", command)
+    self.assertEqual([readme_text.numbers_aside(line) for line in expected],
+                     [readme_text.numbers_aside(line)
+                      for line in printed[:len(expected)]], result.stderr)
+    for chatter in _TF_CHATTER:
+      self.assertNotIn(chatter, result.stderr)
+    self.assertEqual(result.stdout, "")
+
   def _assertLastLine(self, readme, stderr, work):
-    expected = re.search(r"<!-- last-line[^>]*-->\n```\n(.*)\n```",
-                         readme).group(1)
+    expected = readme_text.last_line(readme)
     last = stderr.strip().splitlines()[-1].replace(work.rstrip("/") + "/",
                                                    "/tmp/")
-    self.assertEqual(_numbers_aside(expected), _numbers_aside(last))
+    self.assertEqual(readme_text.numbers_aside(expected),
+                     readme_text.numbers_aside(last))
 
   def _serve(self, args):
     """Runs TensorBoard with `args` on a free port until it answers."""
@@ -163,6 +161,17 @@ class ReadmeCommandsTest(tf.test.TestCase):
       process.kill()
       process.wait(timeout=30)
       process.stdout.close()
+
+
+def _run_as_user(name, args):
+  """Runs binary `name` as a new process in the user's environment: the
+  binaries' own log level (not the tests' quiet one), so TensorFlow's
+  start-up lines are the user's."""
+  env = binaries.env()
+  env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+  return subprocess.run(binaries.command(name) + list(args),
+                        capture_output=True, text=True, env=env,
+                        timeout=900, check=False)
 
 
 if __name__ == "__main__":
