@@ -198,7 +198,9 @@ class _RunHooks(object):
         *([tower_report.LeftOutHook(step)] if step.tower_unit else []),
         *step_summaries.counters_hooks(step, params, self._strategy),
         self.give_up, self.on_signal, self.stats,
-        *self._strategy.step_hooks(),
+        *self._strategy.step_hooks(
+            self.give_up if isinstance(
+                self.give_up, checkpoint_rollback.RollbackHook) else None),
         self.state_hook,
         *([self.quarantine.hook()] if self.quarantine else []),
         *extra_hooks]
