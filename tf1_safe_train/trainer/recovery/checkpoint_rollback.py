@@ -126,7 +126,10 @@ class RollbackHook(core_hooks.GiveUpHook):
     self._final = None  # Counters a rollback after the last step changed.
     self._now = None  # The step of a model verdict to act on.
     self._synced = False  # Rolls back at the sync point (`sync_point`).
-    self._lock = threading.Lock()  # The ring, with a sync point.
+    # Held by the ring's reads and writes and by the restore: a sync
+    # point's thread restores while the chief's hooks run (the run's saver
+    # holds it too: no checkpoint of a half-restored model).
+    self.lock = threading.RLock()
     self._point_reads = None
     self.model_fault = None  # The one the run gave up on.
 
@@ -232,7 +235,7 @@ class RollbackHook(core_hooks.GiveUpHook):
     if not self._fetched:
       return
     results = run_values.results
-    with self._lock:  # The sync point reads it in another thread.
+    with self.lock:
       self._ring.add(int(results["step_index"]), results["ids"])
     self.latest_state = results["state"]._asdict()
     self._final = None
@@ -268,14 +271,15 @@ class RollbackHook(core_hooks.GiveUpHook):
   def _rollback(self, session, path, at_step, to_step, undone):
     """Restores `path` in `session` and records it."""
     # Durable before the restore, so before any checkpoint recording it.
-    with self._lock:
+    with self.lock:
       ids, unknown = self._ring.window(to_step, at_step - 1)
-    checkpoint_rollback_window.append(self._params.train_dir, at_step,
-                                      [to_step, at_step - 1], ids, unknown)
-    self._restorer.restore(session, path)
-    session.run(self._after, {self._undone: undone, self._to_step: to_step})
-    state_now, counters = session.run(
-        [self._state, self._step.variables["counters"]])
+      checkpoint_rollback_window.append(self._params.train_dir, at_step,
+                                        [to_step, at_step - 1], ids, unknown)
+      self._restorer.restore(session, path)
+      session.run(self._after, {self._undone: undone,
+                                self._to_step: to_step})
+      state_now, counters = session.run(
+          [self._state, self._step.variables["counters"]])
     self.latest_state = state_now = state_now._asdict()
     self._final = {"applied_steps": int(counters.applied_steps),
                    "consecutive_skips": int(counters.consecutive_skips)}
