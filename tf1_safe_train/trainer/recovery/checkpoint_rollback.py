@@ -26,6 +26,9 @@ What a rollback restores and what it keeps (the choices, and why):
     starts its input afresh: the window's example ids (kept per step by the
     hook, `checkpoint_rollback_window`) are appended durably to the
     train_dir before the rollback, and the startup exclusion drops them.
+In a sync cluster the chief rolls back between an aggregate's update and
+its tokens instead (`sync_point`, run by `cluster.sync_rollback`), and
+every worker's hook only gives up on a streak it could not roll back.
 A rollback changes only the session's variables: the next checkpoint
 records it. A SIGKILL before then resumes from the last checkpoint, which
 holds the streak, and the same rollback happens again.
