@@ -228,7 +228,7 @@ class LastGoodAfterARollbackTest(binaries.OneLineErrorAssertions,
 
 class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
 
-  def testRefusedInAClusterByEveryTask(self):
+  def testRefusedInAnAsyncClusterByEveryTask(self):
     for job in ("worker", "ps"):
       with self.subTest(job=job):
         train_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
@@ -238,8 +238,8 @@ class RefusedTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
             "--worker_hosts=127.0.0.1:2", "--job_name=" + job,
             "--task_index=0", no_tensorflow=True)  # Refused before it.
         self.assertOneLineError(
-            result, "--on_persistent_skips=rollback runs on one machine only",
-            "parameter servers", exit_code=2)
+            result, "--on_persistent_skips=rollback in a cluster needs "
+            "--sync_replicas", "parameter servers", exit_code=2)
         self.assertEqual(os.listdir(train_dir), [])
 
   # Giving up after the last rollback (its line, run_summary.json and

@@ -23,6 +23,7 @@ from tf1_safe_train.cluster import ps_watch
 from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.cluster import sync_replicas
+from tf1_safe_train.cluster import sync_rollback
 from tf1_safe_train.core import rollback
 from tf1_safe_train.trainer.run import local_replication
 
@@ -161,9 +162,14 @@ class SyncReplicas(AsyncReplicas):
     return self.sync_optimizer.get_chief_queue_runner().queue.close(
         cancel_pending_enqueues=False)
 
-  def step_hooks(self):
-    return [sync_replicas.SyncReplicasHook(self.sync_optimizer,
-                                           self.is_chief)]
+  def step_hooks(self, rollback=None):
+    """The sync machinery; with `rollback` (a `RollbackHook`), its chief
+    rolls back between an update and its tokens (`sync_rollback`)."""
+    if rollback is None:
+      return [sync_replicas.SyncReplicasHook(self.sync_optimizer,
+                                             self.is_chief)]
+    return [sync_rollback.SyncRollbackHook(self.sync_optimizer, self.is_chief,
+                                           rollback.sync_point())]
 
 
 def make(params, cluster=None):

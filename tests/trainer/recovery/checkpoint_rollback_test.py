@@ -18,6 +18,7 @@ from tests.fixtures import train_dirs
 from tf1_safe_train.cluster import cluster_flags
 from tf1_safe_train.cluster import replication
 from tf1_safe_train.core import criteria
+from tf1_safe_train.trainer.recovery import checkpoint_rollback
 from tf1_safe_train.trainer.recovery import checkpoint_rollback_target
 from tf1_safe_train.trainer.inputs import checkpoint_rollback_window
 from tf1_safe_train.trainer.checkpoint import checkpoints
@@ -404,9 +405,14 @@ class RollbackParamsTest(tf.test.TestCase):
                                        "worker", 0)
     params = _params(train_dir, startup_timeout_secs=2.0)
     with self.assertRaisesRegex(params_lib.ParamsError,
-                                "runs on one machine only"):
+                                "in a cluster needs --sync_replicas"):
       train_lib.train(params, strategy=replication.make(params, cluster))
     self.assertEqual(os.listdir(train_dir), [])
+
+  def testASyncClusterRunsIt(self):
+    # tests/cluster/sync_rollback_test.py runs it.
+    self.assertIsNone(checkpoint_rollback.refusal_in_cluster(
+        _params("/tmp/unused", sync_replicas=True)))
 
   def testSaysWhyNoCheckpointQualifiesInTheFlagsTerms(self):
     params = _params("/tmp/run", rollback_min_applied_steps=200,

@@ -11,6 +11,7 @@ variable a different model or flag would fail on. `FiniteSaver` never writes
 a checkpoint holding a non-finite value.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -216,7 +217,7 @@ class FiniteSaver(last_good.SparingSaver):
   """
 
   def __init__(self, check, on_refuse, fresh=(), streak_start=None,
-               **kwargs):
+               lock=None, **kwargs):
     """Creates the saver.
 
     Args:
@@ -227,11 +228,14 @@ class FiniteSaver(last_good.SparingSaver):
       streak_start: optional int64 tensor: the global step the current
         skip streak began at, or -1 (none). Pruning never deletes the
         newest checkpoint written before it (`last_good`).
+      lock: optional lock held while saving (a rollback's, which another
+        thread may restore under: `checkpoint_rollback.RollbackHook.lock`).
       **kwargs: `tf1.train.Saver` arguments.
     """
     super().__init__(streak_start=streak_start, **kwargs)
     self._check = check
     self._on_refuse = on_refuse
+    self._lock = lock or contextlib.nullcontext()
     self._fresh, self._restorer = list(fresh), None
     if self._fresh:
       ids = {id(v) for v in self._fresh}
@@ -257,6 +261,10 @@ class FiniteSaver(last_good.SparingSaver):
                  ", ".join(v.op.name for v in self._fresh))
 
   def save(self, sess, save_path, global_step=None, **kwargs):
+    with self._lock:
+      return self._save(sess, save_path, global_step, **kwargs)
+
+  def _save(self, sess, save_path, global_step, **kwargs):
     bad = self._check.nonfinite(sess)
     if bad:
       step = global_step

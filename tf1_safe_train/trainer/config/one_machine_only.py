@@ -1,5 +1,7 @@
 """The trainer's options that run on one machine only, refused in a cluster.
 
+(Rollback runs in a sync cluster, and is refused in an async one.)
+
 Each refusal is one line saying why; every task of a cluster refuses them
 before it starts. This module imports no TensorFlow, so that `//:train`
 refuses them before TensorFlow's import (`preflight`), and again where the
@@ -10,16 +12,19 @@ run is built (`train_lib.train`).
 def rollback_refusal(params):
   """Why --on_persistent_skips=rollback cannot run in a cluster, or None.
 
-  The model lives on the parameter servers: one worker restoring a
-  checkpoint would overwrite it behind the other workers, which keep
-  training on it. Pausing every worker is not implemented, so it is refused.
+  With --sync_replicas it runs: the chief restores between an aggregate's
+  update and the next step's tokens, when no replica can read or update
+  the model (`cluster.sync_rollback`). Async workers update the parameter
+  servers whenever they like: one worker's restore would be overwritten
+  behind it, or overwrite the others' updates; pausing every worker is not
+  implemented, so it is refused.
   """
-  if params.on_persistent_skips != "rollback":
+  if params.on_persistent_skips != "rollback" or params.sync_replicas:
     return None
-  return ("--on_persistent_skips=rollback runs on one machine only: in a "
-          "cluster a worker's restore would overwrite the parameter servers' "
-          "live state behind the other workers; use "
-          "--on_persistent_skips=stop")
+  return ("--on_persistent_skips=rollback in a cluster needs "
+          "--sync_replicas: an async worker's restore would overwrite the "
+          "parameter servers' live state behind the other workers; add "
+          "--sync_replicas or use --on_persistent_skips=stop")
 
 
 def tower_unit_refusal(params):

@@ -85,8 +85,8 @@ class TrainParams(object):
   on_persistent_skips: str = _param(
       "stop", "What --max_consecutive_skips skips in a row do: stop (exit 1) "
       "or rollback (restore the newest checkpoint --rollback_min_applied_steps "
-      "applied steps before the streak, skip the batches since, go on; one "
-      "machine only).", ON_PERSISTENT_SKIPS)
+      "applied steps before the streak, skip the batches since, go on; in a "
+      "cluster with --sync_replicas only).", ON_PERSISTENT_SKIPS)
   rollback_min_applied_steps: int = _param(
       200, "Rollback: the checkpoint restored holds at most this many applied "
       "steps fewer than when the streak began.")

@@ -26,12 +26,16 @@ What a rollback restores and what it keeps (the choices, and why):
     starts its input afresh: the window's example ids (kept per step by the
     hook, `checkpoint_rollback_window`) are appended durably to the
     train_dir before the rollback, and the startup exclusion drops them.
+In a sync cluster the chief rolls back between an aggregate's update and
+its tokens instead (`sync_point`, run by `cluster.sync_rollback`), and
+every worker's hook only gives up on a streak it could not roll back.
 A rollback changes only the session's variables: the next checkpoint
 records it. A SIGKILL before then resumes from the last checkpoint, which
 holds the streak, and the same rollback happens again.
 """
 
 import os
+import threading
 
 from absl import logging
 import tensorflow as tf
@@ -124,6 +128,12 @@ class RollbackHook(core_hooks.GiveUpHook):
     self.latest_state = None
     self._final = None  # Counters a rollback after the last step changed.
     self._now = None  # The step of a model verdict to act on.
+    self._synced = False  # Rolls back at the sync point (`sync_point`).
+    # Held by the ring's reads and writes and by the restore: a sync
+    # point's thread restores while the chief's hooks run (the run's saver
+    # holds it too: no checkpoint of a half-restored model).
+    self.lock = threading.RLock()
+    self._point_reads = None
     self.model_fault = None  # The one the run gave up on.
 
   def act_now(self, step):
@@ -165,6 +175,14 @@ class RollbackHook(core_hooks.GiveUpHook):
           tf1.assign(s.rollback_to_step, self._to_step),
           tf1.assign(s.learning_rate_multiplier,
                      s.learning_rate_multiplier * factor))
+    if self._synced:
+      # Plain reads: the point runs in the chief's queue runner, which the
+      # chief's own step (what `_fetches` are ordered after) waits for.
+      self._point_reads = {
+          "streak": _unordered_read(self._fetches["streak"]),
+          "global_step": self._step.variables["global_step"].read_value(),
+          "applied": counters.applied_steps.read_value(),
+          "state": [v.read_value() for v in self._state]}
 
   def after_create_session(self, session, coord):
     del coord
@@ -172,51 +190,99 @@ class RollbackHook(core_hooks.GiveUpHook):
     # ended) reports the whole run's counts all the same.
     self.latest_state = session.run(self._state)._asdict()
 
+  def sync_point(self):
+    """The rollback of a sync cluster: `point(session)`, to run after each
+    aggregate's update and before the next step's tokens.
+
+    The chief's queue runner runs it (`cluster.sync_rollback`): no replica
+    reads the weights or pushes gradients on them until the tokens are
+    there, so the restore interleaves with no update, and gradients pushed
+    before it are older than the global step (kept: history) and the
+    accumulators drop them. From then on `after_run` (every worker's) never
+    rolls back itself: a streak it still sees at the limit is one the point
+    could not roll back, and the run gives up. Call it before `attach`.
+    """
+    self._synced = True
+    return self._at_sync_point
+
+  def _at_sync_point(self, session):
+    if self.refusal or not self._max:
+      return
+    reads = session.run(self._point_reads)
+    if reads["streak"] < self._max:
+      return
+    state = checkpoint_rollback_state.State(*reads["state"])
+    at_step, applied = int(reads["global_step"]), int(reads["applied"])
+    chosen = self._choose(at_step, applied, state)
+    if isinstance(chosen, str):
+      self.refusal = chosen  # The workers' `after_run` gives up on it.
+      return
+    self._rollback(session, chosen[0], at_step, chosen[1], chosen[2])
+
+  def _choose(self, at_step, applied, state):
+    """(path, to_step, applied steps undone), or why not (a str)."""
+    params = self._params
+    if state.rollbacks >= params.max_rollbacks:
+      return "no rollback: --max_rollbacks=%d used up" % params.max_rollbacks
+    path, to_step, ckpt_applied = (
+        checkpoint_rollback_target.choose_checkpoint(
+            params.train_dir, at_step,
+            applied - params.rollback_min_applied_steps, int(state.rollbacks),
+            int(state.rollback_to_step)))
+    if path is None:
+      return "no rollback: " + checkpoint_rollback_target.no_checkpoint_reason(
+          params, applied)
+    return path, to_step, applied - ckpt_applied
+
   def after_run(self, run_context, run_values):
     if not self._fetched:
       return
     results = run_values.results
-    self._ring.add(int(results["step_index"]), results["ids"])
+    with self.lock:
+      self._ring.add(int(results["step_index"]), results["ids"])
     self.latest_state = results["state"]._asdict()
     self._final = None
     streak = int(results["streak"])
     now, self._now = self._now, None
     if now is None and (not self._max or streak < self._max):
       return
-    params, s = self._params, results["state"]
-    at_step = int(results["global_step"])
-    applied = int(results["counters"].applied_steps)
-    if s.rollbacks >= params.max_rollbacks:
-      path, why = None, "--max_rollbacks=%d used up" % params.max_rollbacks
-    else:
-      path, to_step, ckpt_applied = (
-          checkpoint_rollback_target.choose_checkpoint(
-              params.train_dir, at_step,
-              applied - params.rollback_min_applied_steps, int(s.rollbacks),
-              int(s.rollback_to_step)))
-      why = checkpoint_rollback_target.no_checkpoint_reason(params, applied)
-    if path is None:
-      self.refusal = "no rollback: " + why
-      self.gave_up = True
-      self.model_fault = now
-      logging.error("giving up: %d consecutive steps skipped "
-                    "(--max_consecutive_skips=%d); %s", streak, self._max,
-                    self.refusal)
-      run_context.request_stop()
+    if self._synced:
+      # The chief's point did not roll back (it set why) or, on another
+      # worker, the chief's log says why.
+      self._give_up(run_context, streak, now, self.refusal or
+                    "no rollback: the chief's sync point did not roll back "
+                    "(its log says why)")
       return
-    self._rollback(run_context.session, path, at_step, to_step,
-                   applied - ckpt_applied)
+    chosen = self._choose(int(results["global_step"]),
+                          int(results["counters"].applied_steps),
+                          results["state"])
+    if isinstance(chosen, str):
+      self._give_up(run_context, streak, now, chosen)
+      return
+    self._rollback(run_context.session, chosen[0],
+                   int(results["global_step"]), chosen[1], chosen[2])
+
+  def _give_up(self, run_context, streak, now, refusal):
+    self.refusal = refusal
+    self.gave_up = True
+    self.model_fault = now
+    logging.error("giving up: %d consecutive steps skipped "
+                  "(--max_consecutive_skips=%d); %s", streak, self._max,
+                  self.refusal)
+    run_context.request_stop()
 
   def _rollback(self, session, path, at_step, to_step, undone):
     """Restores `path` in `session` and records it."""
     # Durable before the restore, so before any checkpoint recording it.
-    ids, unknown = self._ring.window(to_step, at_step - 1)
-    checkpoint_rollback_window.append(self._params.train_dir, at_step,
-                                      [to_step, at_step - 1], ids, unknown)
-    self._restorer.restore(session, path)
-    session.run(self._after, {self._undone: undone, self._to_step: to_step})
-    state_now, counters = session.run(
-        [self._state, self._step.variables["counters"]])
+    with self.lock:
+      ids, unknown = self._ring.window(to_step, at_step - 1)
+      checkpoint_rollback_window.append(self._params.train_dir, at_step,
+                                        [to_step, at_step - 1], ids, unknown)
+      self._restorer.restore(session, path)
+      session.run(self._after, {self._undone: undone,
+                                self._to_step: to_step})
+      state_now, counters = session.run(
+          [self._state, self._step.variables["counters"]])
     self.latest_state = state_now = state_now._asdict()
     self._final = {"applied_steps": int(counters.applied_steps),
                    "consecutive_skips": int(counters.consecutive_skips)}
@@ -257,6 +323,20 @@ class RollbackHook(core_hooks.GiveUpHook):
       fields["rollback_refused"] = self.refusal
     fields.update(self._final or {})
     return fields
+
+
+def _unordered_read(tensor):
+  """A fresh read of the variable `tensor` reads (through `tf.identity`s),
+  without the control dependencies that order `tensor` after a step."""
+  op = tensor.op
+  while op.type == "Identity":
+    op = op.inputs[0].op
+  if op.type == "ReadVariableOp":
+    return tf.raw_ops.ReadVariableOp(resource=op.inputs[0],
+                                     dtype=op.get_attr("dtype"))
+  if op.type == "VariableV2":  # A ref variable: its value, read anew.
+    return tf.identity(op.outputs[0])
+  raise ValueError("the streak %s is no read of a variable" % tensor.name)
 
 
 def summary_fields(hook):

@@ -47,6 +47,9 @@ _RERUN = ("e2e/reliability_rollback_test.py::TowerHistoryRollbackTest::"
           "testARerunOfTheFinishedRunKeepsTheRollbackFields")
 _GAVE_UP = ("e2e/reliability_rollback_test.py::SigkillAtRollbackTest::"
             "testSigkillAtAndAfterTheRollbackThenResumeToTheEnd")
+_SYNC = "cluster/sync_rollback_test.py::SyncRollbackTest::"
+_SYNC_MODEL = _SYNC + "testTheRestoredModelIsTheCheckpointsOnTheParameterServers"
+_SYNC_WINDOW = _SYNC + "testEveryWorkerTrainsOnPastTheWindow"
 _ACROSS = "trainer/tower/quarantine_test.py::AcrossRestartsTest::"
 _QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
 _QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"
@@ -56,12 +59,16 @@ _SIGNAL_REBUILD = _ACROSS + "testASigtermDuringTheRebuildStopsTheRun"
 RULES = (
     Rule("the model: weights, optimizer slots, moving statistics, shadows, "
          "EMA, loss scale, spike statistics", (),
-         "restored", "restored (the older checkpoint's)", (_ROLLED_BACK,)),
+         "restored", "restored (the older checkpoint's; in a sync cluster "
+         "onto the parameter servers, between an update and its tokens)",
+         (_ROLLED_BACK, _SYNC_MODEL)),
     Rule("`applied_steps` (the updates the model holds)", ("applied_steps",),
          "restored", "restored (the undone ones counted in "
          "`rolled_back_steps`)", (_ROLLED_BACK,)),
     Rule("`global_step` (batches consumed: only grows)", ("global_step",),
-         "kept", "kept (history)", (_ROLLED_BACK,)),
+         "kept", "kept (history; in a sync cluster it keeps the gradient "
+         "accumulators dropping what was pushed before the rollback)",
+         (_ROLLED_BACK, _SYNC_MODEL)),
     Rule("`skipped_steps` and each reason's count (`<reason>_skips`)",
          ("skipped_steps", _REASON_COUNTERS), "kept", "kept (history)",
          (_ROLLED_BACK,)),
@@ -88,8 +95,9 @@ RULES = (
          "rebuilt: read from the start, the excluded examples (reproducible "
          "skips, rollback windows) dropped",
          "kept: the window's batches are not fed again; a quarantine's "
-         "in-process rebuild continues past the batches already read",
-         (_RESTART, _REBUILT_INPUT)),
+         "in-process rebuild continues past the batches already read; in a "
+         "sync cluster every worker's",
+         (_RESTART, _REBUILT_INPUT, _SYNC_WINDOW)),
     Rule("a stop signal (SIGTERM, Ctrl-C)", (),
          "ends the run: a final checkpoint, `exit_reason: interrupted`",
          "ends the run, also during a quarantine's rebuild",

@@ -22,7 +22,10 @@ The interface, in the order the runner uses it:
                             `guard.GuardResult` the reports show, the
                             decision's `reasons.Report` (its counters)
   `after_build(step)`       ops the end of the run needs
-  `step_hooks()`            hooks that run the step's own machinery
+  `step_hooks(rollback)`    hooks that run the step's own machinery
+                            (`rollback`: the run's `RollbackHook` or None;
+                            a sync cluster rolls back where its chief's
+                            machinery says)
   `session(scaffold, hooks, stopped_by_signal, first_hooks=())`  the
                             MonitoredSession
   `finish()`, `summary_fields()`  after the session closed
@@ -97,7 +100,8 @@ class Local(object):
   def after_build(self, step):
     del step  # Nothing outlives a local run.
 
-  def step_hooks(self):
+  def step_hooks(self, rollback=None):
+    del rollback  # Its own `after_run` rolls back on one machine.
     return []
 
   def session(self, scaffold, hooks, stopped_by_signal, first_hooks=()):

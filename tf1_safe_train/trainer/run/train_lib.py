@@ -127,7 +127,9 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear,
       resume = checkpoints.prepare_resume(params.train_dir,
                                           tf1.global_variables(), params)
     run_story.log_start(params, step, strategy, resume, quarantine)
-    saver = _saver(params, step, run.state_check, run.state_hook, resume)
+    saver = _saver(params, step, run.state_check, run.state_hook, resume,
+                   run.give_up.lock if isinstance(
+                       run.give_up, checkpoint_rollback.RollbackHook) else None)
     if isinstance(run.give_up, checkpoint_rollback.RollbackHook):
       run.give_up.attach(resume)
     rebuild = _run_steps(step, strategy, tf1.train.Scaffold(saver=saver),
@@ -198,7 +200,9 @@ class _RunHooks(object):
         *([tower_report.LeftOutHook(step)] if step.tower_unit else []),
         *step_summaries.counters_hooks(step, params, self._strategy),
         self.give_up, self.on_signal, self.stats,
-        *self._strategy.step_hooks(),
+        *self._strategy.step_hooks(
+            self.give_up if isinstance(
+                self.give_up, checkpoint_rollback.RollbackHook) else None),
         self.state_hook,
         *([self.quarantine.hook()] if self.quarantine else []),
         *extra_hooks]
@@ -218,8 +222,9 @@ class _RunHooks(object):
     return summary
 
 
-def _saver(params, step, state_check, state_hook, resume):
-  """The run's saver: finite states only, spares the last good checkpoint."""
+def _saver(params, step, state_check, state_hook, resume, lock):
+  """The run's saver: finite states only, spares the last good checkpoint
+  (`lock`: held while it saves, or None)."""
   # Relative paths: a copied or moved train_dir stays self-contained.
   return checkpoints.FiniteSaver(
       state_check, state_hook.refuse_save,
@@ -227,7 +232,7 @@ def _saver(params, step, state_check, state_hook, resume):
                                              tf1.global_variables()),
       fresh=checkpoint_fit.fresh_variables(resume, tf1.global_variables()),
       max_to_keep=checkpoint_rollback_target.keep_checkpoint_max(params),
-      save_relative_paths=True,
+      save_relative_paths=True, lock=lock,
       # Pruning spares the last checkpoint before a skip streak.
       streak_start=last_good.streak_start(
           step.variables["global_step"],
