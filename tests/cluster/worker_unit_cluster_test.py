@@ -1,0 +1,106 @@
+"""The worker unit in a loopback cluster: 3 sync workers, one poisoned.
+
+1 ps (a thread) + 3 workers of //:train (forked: tests/fixtures/
+loopback_cluster.py). With `--skip_unit=worker`, a step whose worker 1 is
+poisoned is applied with workers 0 and 2 (the chief's line says so, worker
+1's names itself, `rejected_by_worker` counts it), and a step whose three
+workers are poisoned is skipped. Without the unit the poisoned step is
+skipped for everybody, as before. (That the applied average is bit for bit
+the healthy workers' is `worker_unit_test`'s, on the same code in one
+process.) Each run takes about 30 s of 3 TensorFlow processes.
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+import uuid
+
+import numpy as np
+import tensorflow as tf
+
+from tests.fixtures import loopback_cluster
+from tests.fixtures import train_dirs
+from tf1_safe_train.trainer.run import run_summary
+
+# Shorter than the workers' own --startup_timeout_secs (600): a hang fails.
+_TIMEOUT_SECS = 180
+_WEIGHTS_CHANGED_BY_A_STEP = "global_step"
+
+
+class WorkerUnitClusterTest(tf.test.TestCase):
+
+  def _cluster(self, *flags):
+    """Runs 3 sync workers; returns (train_dir, run summary, log lines)."""
+    train_dir = tempfile.mkdtemp(prefix="run_%s_" % uuid.uuid4().hex[:8],
+                                 dir=self.get_temp_dir())
+    result = loopback_cluster.run([
+        "--train_dir=" + train_dir, "--batch_size=4", "--num_towers=1",
+        "--device=cpu", "--save_summaries_steps=1000", "--sync_replicas",
+        "--save_checkpoints_steps=1", "--max_explained_skips=0",
+        "--max_consecutive_skips=0"] + list(flags), num_workers=3,
+                                  timeout=_TIMEOUT_SECS)
+    lines = []
+    for index, worker in enumerate(result.workers):
+      self.assertIsInstance(worker, subprocess.CompletedProcess,
+                            "worker %d: %s" % (index, worker))
+      self.assertEqual(worker.returncode, 0, worker.stderr[-3000:])
+      lines += ["[worker %d] %s" % (index, l)
+                for l in worker.stderr.splitlines()]
+    self.assertTrue(result.ps_ended, "the ps did not end with the run")
+    with open(os.path.join(train_dir, run_summary.RUN_SUMMARY)) as f:
+      return train_dir, json.load(f), lines
+
+  @staticmethod
+  def _matching(lines, *words):
+    return [l for l in lines if all(w in l for w in words)]
+
+  def testLeavesOutThePoisonedWorkerAndSkipsWhenAllAre(self):
+    train_dir, summary, lines = self._cluster(
+        "--skip_unit=worker", "--max_steps=9",
+        "--inject_nonfinite=nan@5:0/1,nan@7:0/0,nan@7:0/1,nan@7:0/2")
+    self.assertEqual(summary["global_step"], 9)
+    self.assertEqual((summary["applied_steps"], summary["skipped_steps"]),
+                     (8, 1), "\n".join(lines[-40:]))
+    self.assertEqual(summary["rejected_by_worker"], [0, 1, 0])
+    self.assertEqual(len(self._matching(
+        lines, "[worker 0]", "step 5: worker 1 left out; applied 2 of 3 "
+        "workers")), 1, "\n".join(lines))
+    self.assertEqual(len(self._matching(
+        lines, "[worker 1]", "worker 1 left out of step 5: non-finite")), 1)
+    self.assertEqual(len(self._matching(
+        lines, "[worker 0]", "step 7: 0 of 3 workers healthy, fewer than "
+        "--min_healthy_workers=2: the whole step is skipped")), 1)
+    path = os.path.join(train_dir, "model.ckpt-%d")
+    before, after, skipped = (train_dirs.checkpoint_values(path % s)
+                              for s in (5, 6, 8))
+    # Step 5 was applied (with workers 0 and 2) and wrote finite weights.
+    self.assertNotAllClose(before["conv1/weights"] if "conv1/weights" in
+                           before else _first_weights(before),
+                           after["conv1/weights"] if "conv1/weights" in
+                           after else _first_weights(after))
+    self.assertEqual(train_dirs.nonfinite_entries(after), [])
+    self.assertEqual(train_dirs.nonfinite_entries(skipped), [])
+
+  def testWithoutTheUnitThePoisonedWorkerSkipsTheStep(self):
+    _, summary, lines = self._cluster(
+        "--max_steps=7", "--inject_nonfinite=nan@5:0/1")
+    self.assertEqual((summary["applied_steps"], summary["skipped_steps"]),
+                     (6, 1))
+    self.assertNotIn("rejected_by_worker", summary)
+    self.assertEqual(len(self._matching(
+        lines, "[worker 1]", "skipped step 5: non-finite")), 1)
+    self.assertEqual(self._matching(lines, "left out"), [])
+
+
+def _first_weights(values):
+  """The first trainable-looking float array of a checkpoint, by name."""
+  for name in sorted(values):
+    value = np.asarray(values[name])
+    if value.dtype == np.float32 and value.ndim >= 2:
+      return value
+  raise AssertionError("no weights in %s" % sorted(values))
+
+
+if __name__ == "__main__":
+  tf.test.main()
