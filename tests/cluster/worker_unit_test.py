@@ -8,12 +8,16 @@ bit, whatever the order the pushes arrive in; with every worker poisoned
 the step is skipped, and nothing moves but the counters.
 """
 
+import tempfile
+
 import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.cluster import worker_unit
 from tf1_safe_train.core import counters as counters_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_lib
 
 tf1 = tf.compat.v1
 
@@ -123,6 +127,16 @@ class WorkerUnitTest(tf.test.TestCase):
     self.assertAllClose(weights, expected)
     self.assertEqual(skipped, 0)
     self.assertAllEqual(rejected, [0, 0, 0])
+
+
+  def testRefusedOnOneMachineInOneLine(self):
+    params = params_lib.TrainParams(
+        train_dir=tempfile.mkdtemp(dir=self.get_temp_dir()),
+        skip_unit="worker",
+        sync_replicas=True)
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "--skip_unit=worker runs in a cluster only"):
+      train_lib.train(params)
 
 
 if __name__ == "__main__":
