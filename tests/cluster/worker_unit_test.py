@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tf1_safe_train.cluster import worker_unit
 from tf1_safe_train.core import counters as counters_lib
+from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.trainer.config import params as params_lib
 from tf1_safe_train.trainer.run import train_lib
@@ -32,7 +33,7 @@ _LR = 0.1
 class _Cluster(object):
   """The graph: each worker's push (and token) op, the chief's apply."""
 
-  def __init__(self, min_healthy=2):
+  def __init__(self, min_healthy=2, loss_scale=False):
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.global_step = tf1.train.get_or_create_global_step()
@@ -43,9 +44,12 @@ class _Cluster(object):
         with tf1.name_scope("worker_%d" % worker):
           unit = worker_unit.WorkerUnit(_NUM_WORKERS, worker, min_healthy,
                                         "/cpu:0")
+          if worker == 0:  # One scale (the chief's decision's).
+            scale = (loss_scale_lib.DynamicLossScale(initial_scale=1024.0)
+                     if loss_scale else None)
           guarded = optimizer_lib.SkipNonFiniteOptimizer(
               tf1.train.GradientDescentOptimizer(_LR), check_runs=False,
-              tower_unit=unit, name="guarded_%d" % worker)
+              tower_unit=unit, name="guarded_%d" % worker, loss_scale=scale)
           grad = self.grads[worker]
           pairs, _ = unit.contribution(
               [(grad, self.weights)],
@@ -58,7 +62,7 @@ class _Cluster(object):
           self.pushes.append(sync.apply_gradients(pairs, self.global_step))
           sync.ready_for_local_init_op.mark_used()  # (No session hook.)
         if worker == 0:
-          self.sync, self.unit = sync, unit
+          self.sync, self.unit, self.scale = sync, unit, scale
       self.counters = counters_lib.skip_counters()
       self.chief_apply = self.sync.get_chief_queue_runner().enqueue_ops[0]
       self.init = [tf1.global_variables_initializer(),
@@ -75,6 +79,8 @@ class _Cluster(object):
       for worker in order:
         session.run(self.pushes[worker], feed)
       session.run(self.chief_apply)
+      self.scale_after = (session.run(self.scale.scale())
+                          if self.scale else None)
       return session.run([self.weights, self.counters.skipped_steps,
                           self.unit.rejected])
 
@@ -118,6 +124,15 @@ class WorkerUnitTest(tf.test.TestCase):
     weights, skipped, _ = cluster.step([_A, poisoned, poisoned])
     self.assertAllEqual(weights, np.ones(4, np.float32))
     self.assertEqual(skipped, 1)
+
+  def testALeftOutWorkerHalvesTheLossScale(self):
+    # As a left-out tower does (an overflow of one replica is an overflow).
+    cluster = _Cluster(loss_scale=True)
+    poisoned = np.full(4, np.nan, np.float32)
+    _, skipped, _ = cluster.step([_A, poisoned, _B])
+    self.assertEqual((skipped, cluster.scale_after), (0, 512.0))
+    _, skipped, _ = cluster.step([_A, _B, _B])
+    self.assertEqual((skipped, cluster.scale_after), (0, 1024.0))
 
   def testAllHealthyIsTheMean(self):
     cluster = _Cluster()
