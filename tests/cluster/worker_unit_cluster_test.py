@@ -22,6 +22,7 @@ import tensorflow as tf
 from tests.fixtures import event_files
 from tests.fixtures import loopback_cluster
 from tests.fixtures import train_dirs
+from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer.run import run_summary
 
 # Shorter than the workers' own --startup_timeout_secs (600): a hang fails.
@@ -75,6 +76,10 @@ class WorkerUnitClusterTest(tf.test.TestCase):
     self.assertEqual(len(self._matching(
         lines, "[worker 0]", "step 7: 0 of 3 workers healthy, fewer than "
         "--min_healthy_workers=2: the whole step is skipped")), 1)
+    # Worker 1's own record of its push: left out, not a skip.
+    self.assertEqual([(r["step"], r["reason"], r.get("unit")) for r in
+                      skip_log.read(skip_log.path(train_dir, 1))],
+                     [(5, "nonfinite", "worker"), (7, "nonfinite", "worker")])
     path = os.path.join(train_dir, "model.ckpt-%d")
     before, after, skipped = (train_dirs.checkpoint_values(path % s)
                               for s in (5, 6, 8))
