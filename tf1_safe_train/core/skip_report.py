@@ -138,7 +138,7 @@ def left_out_worker_line(worker, step, nonfinite=None):
   out of step 7: non-finite gradients in tower 0 (...)"."""
   return ("worker %d left out of step %d" % (worker, step) +
           (": " + nonfinite if nonfinite else "") +
-          "; the chief applies the healthy workers' average")
+          "; the healthy workers' pushes decide the step")
 
 
 def workers_line(step, pushed, healthy, too_few, min_healthy):
