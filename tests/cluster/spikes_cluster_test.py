@@ -71,14 +71,22 @@ class SpikesClusterTest(binaries.OneLineErrorAssertions, tf.test.TestCase):
                                "max_consecutive_skips_seen", "skipped_steps",
                                "spike_skips", "spike_stats/streak"])
     # Every worker's own gradients were finite and the spike is the
-    # chief's, on the aggregate: no worker reports or records a skip. (A
-    # one-tower worker's view was read inverted: every good step logged as
-    # a non-finite skip, with a record; sync_replicas._or_towers.)
+    # chief's, on the aggregate: the chief tells it where it decided it,
+    # one line and one record (before, nobody did); no worker reports a
+    # non-finite skip. (A one-tower worker's view was read inverted: every
+    # good step logged as a non-finite skip, with a record;
+    # sync_replicas._or_towers.)
     self.assertEqual([line for line in self._log.splitlines()
-                      if "skipped step" in line or "non-finite" in line], [])
-    for worker in (0, 1):
-      self.assertEqual(skip_log.read(skip_log.path(train_dir, worker)), [])
-    self.assertEqual(summary["forensics"]["skip_records"], 0)
+                      if "non-finite" in line], [])
+    spikes = [line for line in self._log.splitlines()
+              if "skipped step" in line]
+    self.assertEqual(len(spikes), 1, spikes)
+    self.assertIn("skipped step 13: spike, gradient norm", spikes[0])
+    records = skip_log.read(skip_log.path(train_dir, 0))
+    self.assertEqual([(r["step"], r["worker"], r["reason"], r["decided_on"])
+                      for r in records], [(13, 0, "spike", "aggregate")])
+    self.assertIn("spike", records[0])
+    self.assertEqual(skip_log.read(skip_log.path(train_dir, 1)), [])
 
   def testAsyncWorkersSkipTheirOwnSpikes(self):
     # Each worker decides on its own gradients and loss; the statistics on

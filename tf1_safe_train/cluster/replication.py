@@ -23,7 +23,7 @@ from tf1_safe_train.cluster import ps_watch
 from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.cluster import sync_replicas
-from tf1_safe_train.cluster import sync_rollback
+from tf1_safe_train.cluster import worker_unit
 from tf1_safe_train.core import rollback
 from tf1_safe_train.trainer.run import local_replication
 
@@ -144,19 +144,40 @@ class SyncReplicas(AsyncReplicas):
   def __init__(self, params, cluster):
     super(SyncReplicas, self).__init__(params, cluster)
     self.sync_optimizer = None
+    self.unit = None
+    self._decision = None
+
+  def decision_unit(self):
+    """With --skip_unit=worker, the run's `worker_unit.WorkerUnit` (made
+    once: the step's guarded wrapper and `decide` share it), else None."""
+    if self.unit is None:
+      self.unit = worker_unit.of_params(
+          self.params, self.num_workers, self.worker_index,
+          self.tower_config.variables_device())
+    return self.unit
 
   def decide(self, guarded, pairs, global_step, tower_nonfinite, **kwargs):
-    """Pushes `pairs`; the chief's `SyncReplicasOptimizer` decides (through
-    `guarded`, whose result its API does not return: the wrapper keeps it).
-    The reports show this worker's own view, never the chief's decision."""
-    self.sync_optimizer = sync_replicas.sync_optimizer(guarded,
-                                                       self.num_workers)
+    """Pushes `pairs` (with the worker unit: selected by this worker's
+    health, with its count); the chief's `SyncReplicasOptimizer` decides
+    (through `guarded`, whose result its API does not return: the wrapper
+    keeps it). The reports show this worker's own view; the chief's
+    decision is told by the chief's runner (`sync_replicas.ChiefDecisions`)."""
+    unit = self.decision_unit()
+    fault = sync_replicas.own_fault(pairs, tower_nonfinite)
+    pushes = pairs
+    if unit is not None:
+      pushes, _ = unit.contribution(pairs, fault, global_step)
+    self.sync_optimizer = sync_replicas.sync_optimizer(
+        guarded, self.num_workers, unit)
     step_op = self.sync_optimizer.apply_gradients(
-        pairs, global_step=global_step, **kwargs)
+        pushes, global_step=global_step, **kwargs)
+    result = guarded.guard_result()  # The chief's decision, built here.
+    self._decision = sync_replicas.ChiefDecisions(
+        self.params, result, global_step, unit)
     return local_replication.Decided(
         step_op, sync_replicas.replica_view(self.sync_optimizer, pairs,
-                                            tower_nonfinite),
-        guarded.guard_result().reasons)
+                                            tower_nonfinite, fault),
+        result.reasons)
 
   def _close_tokens(self):
     return self.sync_optimizer.get_chief_queue_runner().queue.close(
@@ -165,11 +186,9 @@ class SyncReplicas(AsyncReplicas):
   def step_hooks(self, rollback=None):
     """The sync machinery; with `rollback` (a `RollbackHook`), its chief
     rolls back between an update and its tokens (`sync_rollback`)."""
-    if rollback is None:
-      return [sync_replicas.SyncReplicasHook(self.sync_optimizer,
-                                             self.is_chief)]
-    return [sync_rollback.SyncRollbackHook(self.sync_optimizer, self.is_chief,
-                                           rollback.sync_point())]
+    return [sync_replicas.SyncReplicasHook(
+        self.sync_optimizer, self.is_chief, self._decision,
+        point=rollback.sync_point() if rollback is not None else None)]
 
 
 def make(params, cluster=None):

@@ -22,24 +22,27 @@ Why that point, and what it guarantees:
 
 import tensorflow as tf
 
-from tf1_safe_train.cluster import sync_replicas
-
 tf1 = tf.compat.v1
 
 
 class PointQueueRunner(tf1.train.QueueRunner):
   """The chief's aggregate step, with `point(session)` between its update
-  and its tokens (TF's `QueueRunner` runs both as one enqueue).
+  and its tokens (TF's `QueueRunner` runs both as one enqueue); the
+  update's run also fetches the decision's values, told after the tokens
+  (`sync_replicas.ChiefDecisions`).
 
   Ends as TF's does: a closed or cancelled queue ends the thread, any other
   error stops the coordinator.
   """
 
-  def __init__(self, runner, point, queue_closed_exception_types):
+  def __init__(self, runner, point, queue_closed_exception_types,
+               decisions=None):
     """Args:
       runner: `SyncReplicasOptimizer.get_chief_queue_runner()`.
       point: function(session), run after each update, before its tokens.
       queue_closed_exception_types: as `tf1.train.QueueRunner`'s.
+      decisions: a `sync_replicas.ChiefDecisions` (its `fetches`, its
+        `tell`), or None.
     """
     sync_op, = runner.enqueue_ops
     if sync_op.type != "QueueEnqueueManyV2":
@@ -56,20 +59,25 @@ class PointQueueRunner(tf1.train.QueueRunner):
         runner.queue, [enqueue],
         queue_closed_exception_types=queue_closed_exception_types)
     self._point = point
+    self._decisions = decisions
 
   def _run(self, sess, enqueue_op, coord=None):
     decremented = False
     try:
-      update = sess.make_callable(self._tokens)
+      decisions = self._decisions
+      update = sess.make_callable(
+          [self._tokens, decisions.fetches if decisions else []])
       enqueue = sess.make_callable(enqueue_op, feed_list=[self._fed])
       while not (coord and coord.should_stop()):
         try:
-          tokens = update()
+          tokens, values = update()
           # A thread starts eager: the point's graph calls (a `Saver`'s
           # restore) need the session's graph.
           with sess.graph.as_default():
             self._point(sess)
           enqueue(tokens)
+          if decisions:
+            decisions.tell(values)
         except self._queue_closed_exception_types:  # pylint: disable=catching-non-exception
           with self._lock:
             self._runs_per_session[sess] -= 1
@@ -88,18 +96,3 @@ class PointQueueRunner(tf1.train.QueueRunner):
       if not decremented:
         with self._lock:
           self._runs_per_session[sess] -= 1
-
-
-class SyncRollbackHook(sync_replicas.SyncReplicasHook):
-  """`SyncReplicasHook` whose chief runs `PointQueueRunner` with `point`."""
-
-  def __init__(self, sync_optimizer, is_chief, point):
-    super(SyncRollbackHook, self).__init__(sync_optimizer, is_chief)
-    self._point = point
-
-  def begin(self):
-    super(SyncRollbackHook, self).begin()
-    if self._queue_runner is not None:
-      self._queue_runner = PointQueueRunner(
-          self._optimizer.get_chief_queue_runner(), self._point,
-          self._queue_runner._queue_closed_exception_types)  # pylint: disable=protected-access

@@ -132,6 +132,46 @@ def line(step, reason=NONFINITE, report=None, criteria_values=None,
   return "; ".join([text] + list(suffixes))
 
 
+def left_out_worker_line(worker, step, nonfinite=None):
+  """A sync worker's line when the worker unit left its contribution out
+  (the step was not skipped: the chief applies the others'): "worker 1 left
+  out of step 7: non-finite gradients in tower 0 (...)"."""
+  return ("worker %d left out of step %d" % (worker, step) +
+          (": " + nonfinite if nonfinite else "") +
+          "; the healthy workers' pushes decide the step")
+
+
+def workers_line(step, pushed, healthy, too_few, min_healthy):
+  """The chief's line of a sync step whose worker unit left workers out,
+  or None if every push was healthy.
+
+  Args:
+    step: the step's index.
+    pushed, healthy: per worker, its pushes to the step and the healthy
+      ones (float counts, summed by the accumulators).
+    too_few: whether the step was skipped for too few healthy workers.
+    min_healthy: the --min_healthy_workers in force.
+
+  Returns:
+    "step 12: worker 1 left out; applied 2 of 3 workers", or "step 12: 0 of
+    3 workers healthy, fewer than --min_healthy_workers=2: the whole step
+    is skipped".
+  """
+  pushed = np.rint(np.asarray(pushed, np.float64)).astype(int)
+  healthy = np.rint(np.asarray(healthy, np.float64)).astype(int)
+  total, kept = int(pushed.sum()), int(healthy.sum())
+  if kept == total:
+    return None
+  if too_few:
+    return ("step %d: %d of %d workers healthy, fewer than "
+            "--min_healthy_workers=%d: the whole step is skipped"
+            % (step, kept, total, min_healthy))
+  left = ", ".join("worker %d" % w for w in range(len(pushed))
+                   if pushed[w] > healthy[w])
+  return "step %d: %s left out; applied %d of %d workers" % (
+      step, left, kept, total)
+
+
 def dry_run_lines(report, step, criteria_values):
   """One line per dry-run criterion that would have skipped an applied
   step."""
@@ -177,7 +217,7 @@ def towers(devices, tower_bad, variables, extra=None, indices=None):
 # TensorBoard and run_summary.json.
 
 
-def counter_tags(counters, counts, by_tower):
+def counter_tags(counters, counts, by_tower, by_worker=None):
   """{tag: value} of a step's counters as TensorBoard shows them.
 
   Args:
@@ -185,14 +225,17 @@ def counter_tags(counters, counts, by_tower):
     counts: `reasons.Report.counts` (one counter per reason).
     by_tower: dict name -> per-tower values, e.g. {"nonfinite_steps":
       [...], "rejected": [...]}: tags "skips/<name>_tower_<i>".
+    by_worker: the same per worker (--skip_unit=worker: {"rejected":
+      [...]}): tags "skips/<name>_worker_<i>".
   """
   tags = collections.OrderedDict(
       (TAG_PREFIX + name, value)
       for name, value in counters._asdict().items())
   tags.update(reason_tags(counts))
-  for name, values in by_tower.items():
-    for i, value in enumerate(values):
-      tags["%s%s_tower_%d" % (TAG_PREFIX, name, i)] = value
+  for unit, by_unit in (("tower", by_tower), ("worker", by_worker or {})):
+    for name, values in by_unit.items():
+      for i, value in enumerate(values):
+        tags["%s%s_%s_%d" % (TAG_PREFIX, name, unit, i)] = value
   return tags
 
 

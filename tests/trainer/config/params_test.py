@@ -22,6 +22,17 @@ class ParamsTest(tf.test.TestCase):
       params_lib.TrainParams(sync_replicas=True,
                              increment_global_step_on_skip=False).validate()
 
+  def testWorkerUnitNeedsSyncReplicas(self):
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "--skip_unit=worker needs --sync_replicas"):
+      params_lib.TrainParams(skip_unit="worker").validate()
+    with self.assertRaisesRegex(params_lib.ParamsError,
+                                "--min_healthy_workers=-1"):
+      params_lib.TrainParams(skip_unit="worker", sync_replicas=True,
+                             min_healthy_workers=-1).validate()
+    params_lib.TrainParams(skip_unit="worker", sync_replicas=True,
+                           min_healthy_workers=2).validate()
+
   def testStartupTimeoutMustBePositive(self):
     with self.assertRaisesRegex(params_lib.ParamsError,
                                 "--startup_timeout_secs=0"):

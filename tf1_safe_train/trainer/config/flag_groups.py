@@ -33,8 +33,8 @@ _GROUPS = (
                                             "exclude_reproducible_skips")),
     None,  # The skip criteria's groups.
     ("A tower left out instead of the step", (
-        "skip_unit", "min_healthy_towers", "quarantine_after",
-        "clear_quarantine")),
+        "skip_unit", "min_healthy_towers", "min_healthy_workers",
+        "quarantine_after", "clear_quarantine")),
     ("Fault drill", ("inject_nonfinite", "inject_into")),
     ("Checkpoints, summaries, progress lines", (
         "save_checkpoints_steps", "save_summaries_steps",

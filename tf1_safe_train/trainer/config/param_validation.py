@@ -21,7 +21,7 @@ LR_SCHEDULES = ("constant", "piecewise", "cosine")
 LR_STEPS = ("applied_steps", "global_step")
 INJECT_INTO = ("grads", "loss", "input")
 ON_PERSISTENT_SKIPS = ("stop", "rollback")
-SKIP_UNITS = ("step", "tower")
+SKIP_UNITS = ("step", "tower", "worker")
 
 
 class ParamsError(ValueError):
@@ -95,6 +95,10 @@ def _check_skip_unit(params):
          "--min_healthy_towers=%r: must be an integer in [0, --num_towers=%d] "
          "(0 = half the towers, rounded up)", params.min_healthy_towers,
          params.num_towers)
+  _check(checks.is_int(params.min_healthy_workers) and
+         params.min_healthy_workers >= 0,
+         "--min_healthy_workers=%r: must be an integer >= 0 (0 = half the "
+         "workers, rounded up)", params.min_healthy_workers)
   _check(checks.is_int(params.quarantine_after) and
          params.quarantine_after >= 0,
          "--quarantine_after=%r: must be an integer >= 0 (0 = off)",
@@ -208,6 +212,10 @@ def _check_replicas(params):
   _check(not params.sync_replicas or params.increment_global_step_on_skip,
          "--sync_replicas needs --increment_global_step_on_skip (the "
          "replicas' sync tokens carry global_step)")
+  # Only a sync chief sees every worker's contribution in one decision.
+  _check(params.skip_unit != "worker" or params.sync_replicas,
+         "--skip_unit=worker needs --sync_replicas (the chief's one "
+         "decision leaves out the unhealthy workers' pushes)")
   _check(checks.is_number(params.startup_timeout_secs) and
          params.startup_timeout_secs > 0,
          "--startup_timeout_secs=%r: must be > 0", params.startup_timeout_secs)

@@ -97,11 +97,16 @@ class TrainParams(object):
       "checkpoints).")
   skip_unit: str = _param(
       "step", "What a non-finite tower costs: step (the whole step is "
-      "skipped) or tower (that tower is left out and the others' average "
-      "applied, see docs/trainer.md; one machine only).", SKIP_UNITS)
+      "skipped), tower (that tower is left out and the others' average "
+      "applied, see docs/trainer.md; one machine only) or worker (with "
+      "--sync_replicas: that worker's push is left out, see "
+      "docs/several_machines.md).", SKIP_UNITS)
   min_healthy_towers: int = _param(
       0, "--skip_unit=tower: skip the whole step when fewer towers than "
       "this are healthy; 0 = half the towers, rounded up.")
+  min_healthy_workers: int = _param(
+      0, "--skip_unit=worker: skip the whole step when fewer workers than "
+      "this are healthy; 0 = half the workers, rounded up.")
   quarantine_after: int = _param(
       0, "--skip_unit=tower: quarantine a tower after this many faults that "
       "did not reproduce on replay (a suspect device): the rest of the run, "

@@ -103,6 +103,9 @@ class ForensicsHook(core_hooks.GatedHook):
       self._fetches["criteria"] = step.reasons.fetches
     if step.tower_unit is not None:  # Towers left out: recorded too.
       self._fetches["left_out"] = step.tower_unit.degraded
+    # --skip_unit=worker: this worker's push was left out, not the step
+    # skipped (the chief's line says whether the others' applied).
+    self._worker_unit = step.worker_unit is not None
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -139,6 +142,8 @@ class ForensicsHook(core_hooks.GatedHook):
                                 towers=self._towers(results, flags, batches))
     if left_out and results["applied"]:  # Replayed on the weights after.
       record.update(unit="tower", weights="after the step")
+    elif self._worker_unit:
+      record["unit"] = "worker"
     if "scale" in results:
       record["loss_scale"] = float(results["scale"])
     offending = [t for t, f in enumerate(flags) if f]

@@ -75,7 +75,8 @@ RULES = (
     Rule("`nonfinite_steps_by_tower`, `max_consecutive_skips_seen`",
          ("nonfinite_steps_by_tower", "max_consecutive_skips_seen"),
          "kept", "kept (history)", (_TOWERS,)),
-    Rule("`rejected_by_tower` (`--skip_unit=tower`)", ("rejected_by_tower",),
+    Rule("`rejected_by_tower` (`--skip_unit=tower`), `rejected_by_worker` "
+         "(`--skip_unit=worker`)", ("rejected_by_tower", "rejected_by_worker"),
          "kept", "kept (history)", (_TOWERS,)),
     Rule("`suspect_faults_by_tower` and the quarantined towers "
          "(`--quarantine_after`; the decision in `quarantine.json`, "

@@ -138,7 +138,7 @@ class SkipReportHook(core_hooks.GatedHook):
 
   def __init__(self, step_index, applied, tower_flags, average_flags,
                variable_names, tower_devices, loss_scale=None,
-               loss_scale_floor=1.0, reasons=None):
+               loss_scale_floor=1.0, reasons=None, left_out_worker=None):
     """Creates the hook.
 
     Args:
@@ -157,7 +157,11 @@ class SkipReportHook(core_hooks.GatedHook):
         another reason than non-finite (a spike) is reported with its
         values and thresholds (and the towers --skip_unit=tower left out
         for a NaN/Inf, if any), a dry run's would-be skip too.
+      left_out_worker: this worker's index with --skip_unit=worker (a
+        sync worker whose own contribution was not finite is left out of
+        the step, which the others apply), else None.
     """
+    self._left_out_worker = left_out_worker
     self._fetches = {"step": step_index, "applied": applied,
                      "towers": tower_flags, "average": average_flags}
     if loss_scale is not None:
@@ -176,7 +180,9 @@ class SkipReportHook(core_hooks.GatedHook):
     return cls(step.step_index, step.applied, report.tower_flags,
                report.average_flags, report.variable_names,
                report.tower_devices, loss_scale=step.loss_scale_before,
-               reasons=step.reasons)
+               reasons=step.reasons, left_out_worker=(
+                   step.worker_unit.worker_index if step.worker_unit
+                   else None))
 
   def after_run(self, run_context, run_values):
     if not self._fetched:
@@ -198,6 +204,10 @@ class SkipReportHook(core_hooks.GatedHook):
         towers, results["average"], self._variable_names,
         self._tower_devices)
              if reason == reasons_lib.NONFINITE or towers.any() else None)
+    if self._left_out_worker is not None:
+      logging.warning("%s", skip_report.left_out_worker_line(
+          self._left_out_worker, step, words))
+      return
     suffixes = ([skip_report.loss_scale_words(results["loss_scale"],
                                               self._floor)]
                 if "loss_scale" in results else [])

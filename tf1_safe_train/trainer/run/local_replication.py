@@ -15,6 +15,8 @@ The interface, in the order the runner uses it:
   `tower_devices()`         the towers' full device strings, for reports
   `statistics(update_ops)`  (statistics deltas decided with the gradients,
                             update ops the decision rolls back)
+  `decision_unit()`         a unit of the decision beyond the towers (a
+                            sync cluster's `--skip_unit=worker`), or None
   `decide(guarded, pairs, global_step, tower_nonfinite, **kwargs)`
                             applies the gradients through the step's
                             `SkipNonFiniteOptimizer` (or what calls it);
@@ -89,6 +91,10 @@ class Local(object):
   def statistics(self, update_ops):
     """In one process the decision rolls the update ops back itself."""
     return [], update_ops
+
+  def decision_unit(self):
+    """None: one process has no worker to leave out."""
+    return None
 
   def decide(self, guarded, pairs, global_step, tower_nonfinite, **kwargs):
     """Applies `pairs` through the guarded wrapper: its result, returned."""

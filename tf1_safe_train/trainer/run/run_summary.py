@@ -105,6 +105,10 @@ def build(params, latest, steps_run, first_step_time, start, end,
       # --skip_unit=tower: steps applied without each tower.
       **({"rejected_by_tower": [int(c) for c in latest["rejected_by_tower"]]}
          if "rejected_by_tower" in latest else {}),
+      # --skip_unit=worker: steps applied without each worker's push.
+      **({"rejected_by_worker": [
+          int(c) for c in latest["rejected_by_worker"]]}
+         if "rejected_by_worker" in latest else {}),
       "final_loss": float(latest["loss"]),
       "examples_per_sec": (round(timed_steps * examples_per_step /
                                  timed_seconds, 2)
@@ -131,7 +135,8 @@ def _restored(params, exit_reason, wall_seconds):
                    n for n in names if n.endswith("_skips")):
     if name in names:
       summary[name] = int(reader.get_tensor(name))
-  for name in ("nonfinite_steps_by_tower", "rejected_by_tower"):
+  for name in ("nonfinite_steps_by_tower", "rejected_by_tower",
+               "rejected_by_worker"):
     if name in names:
       summary[name] = [int(c) for c in reader.get_tensor(name)]
   return summary

@@ -71,6 +71,10 @@ def train(params, extra_hooks=(), dataset_fn=None, strategy=None,
                tower_unit.refusal_in_cluster(params))
     if refusal:
       raise params_lib.ParamsError(refusal)
+  elif params.skip_unit == "worker":
+    raise params_lib.ParamsError(
+        "--skip_unit=worker runs in a cluster only (with --sync_replicas); "
+        "on one machine use --skip_unit=tower")
   chief = strategy is None or strategy.is_chief
   if chief:
     train_dir_lib.check(params.train_dir)

@@ -72,11 +72,14 @@ class CountersHook(core_hooks.GatedHook):
     by_tower = {"nonfinite_steps": totals["nonfinite_steps_by_tower"]}
     if tower_unit.REJECTED in totals:  # --skip_unit=tower.
       by_tower["rejected"] = totals[tower_unit.REJECTED]
+    # --skip_unit=worker (the trainer imports no cluster module).
+    by_worker = ({"rejected": totals["rejected_by_worker"]}
+                 if "rejected_by_worker" in totals else {})
     # The same tensors `hooks.RunStatsHook` fetches: no node more.
     self._fetches = {"global_step": totals["global_step"],
                      "counters": totals["counters"],
                      "skip_reasons": totals["skip_reasons"],
-                     "by_tower": by_tower}
+                     "by_tower": by_tower, "by_worker": by_worker}
     self._summary_dir = summary_dir
     self._every_n = every_n_steps
     self._last = None  # (stamp, tags) of the last step run.
@@ -89,7 +92,8 @@ class CountersHook(core_hooks.GatedHook):
     results = run_values.results
     tags = skip_report.counter_tags(results["counters"],
                                     results["skip_reasons"],
-                                    results["by_tower"])
+                                    results["by_tower"],
+                                    results["by_worker"])
     stamp = int(results["global_step"])
     previous = self._last[1] if self._last else None
     skipped = bool(previous) and tags[_SKIPPED] > previous[_SKIPPED]

@@ -48,7 +48,8 @@ tf1 = tf.compat.v1
 Step = collections.namedtuple("Step", [
     "train_op", "step_index", "loss", "learning_rate", "applied", "counters",
     "report", "totals", "loss_scale", "loss_scale_before", "variables",
-    "reasons", "forensics", "tower_unit"], defaults=(None,))
+    "reasons", "forensics", "tower_unit", "worker_unit"],
+    defaults=(None, None))
 Step.__doc__ = """Tensors of one training step (reads ordered after it).
 
 Attributes:
@@ -75,6 +76,9 @@ Attributes:
     cannot replay: `Forensics.replays`).
   tower_unit: with --skip_unit=tower, the step's `tower_unit.TowerUnit`
     (which towers it left out), else None.
+  worker_unit: with --skip_unit=worker (a sync cluster), the strategy's
+    `cluster.worker_unit.WorkerUnit` (which workers the chief left out),
+    else None.
 """
 
 SkipReport = collections.namedtuple("SkipReport", [
@@ -255,6 +259,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
                         loss_scale, scale, dataset_fn, exclude_ids,
                         quarantined, replays, skip_batches)
   unit = built.unit
+  worker_unit = strategy.decision_unit()
   # The one guarded step of the library (the public wrapper), deciding
   # where the strategy says: here, or on the chief for the aggregate.
   guarded = optimizer_lib.SkipNonFiniteOptimizer(
@@ -266,7 +271,7 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       # The trainer builds the whole step itself and checks it by its
       # tests: no first-run check (`run_check`), which would cost a dict
       # lookup per run and name its own counters' writes.
-      check_runs=False, tower_unit=unit)
+      check_runs=False, tower_unit=unit or worker_unit)
   with tf1.device(config.variables_device()):
     loss = unit.loss if unit else (
         tf.add_n([loss for loss, _, _ in built.outputs]) /
@@ -281,10 +286,12 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     train_op = tf.group(step_op, keep, *state.updates(
         step_op, tower_nonfinite), name="train_op")
     totals, after = state.totals(train_op, decided.reasons)
-    if unit:
-      with tf1.control_dependencies([train_op]):
-        totals[tower_unit_lib.REJECTED] = tf.identity(
-            unit.rejected.read_value())
+    for key, left_out in ((tower_unit_lib.REJECTED, unit),
+                          (getattr(worker_unit, "REJECTED", None),
+                           worker_unit)):  # Each unit's count, if on.
+      if left_out:
+        with tf1.control_dependencies([train_op]):
+          totals[key] = tf.identity(left_out.rejected.read_value())
   step = Step(
       train_op=train_op, step_index=state.step_index, loss=loss,
       learning_rate=learning_rate, applied=result.applied, counters=after,
@@ -295,6 +302,6 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
       reasons=result.reasons,
       forensics=replay_lib.Forensics(built.inputs.store, built.probes, scale,
                                      replays=replays),
-      tower_unit=unit)
+      tower_unit=unit, worker_unit=worker_unit)
   step_summaries.add(step)
   return step
