@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_safe_train.core import criteria
+from tf1_safe_train.core import norms
 from tf1_safe_train.core import tower_outliers_spec
 
 tf1 = tf.compat.v1
@@ -30,6 +31,19 @@ BY_TOWER = "tower_outlier_by_tower"
 # norm (a tensor or a function building it), device (Python strings) and
 # index (Python ints; default 0..; the others are quarantined).
 NORM, DEVICE, INDEX = "grad_norm", "device", "index"
+
+
+def tower_norms(tower_grads):
+  """A function building each tower's global gradient norm (float32 [n];
+  each on its tower's device, over the tensors of its fused non-finite
+  check: `norms.fused_global_norm`), for `Context.towers[NORM]`: built
+  only if a criterion reads it.
+
+  Args:
+    tower_grads: one list of gradients per tower.
+  """
+  tower_grads = [list(g) for g in tower_grads]
+  return lambda: tf.stack([norms.fused_global_norm(g) for g in tower_grads])
 
 
 def _median_of_others(x):
@@ -203,6 +217,18 @@ class TowerOutliers(criteria.Criterion):
                 values["sigmas"][position], self.config.sigma,
                 self.config.min_factor))
 
+  def outlier_towers(self, values):
+    """The indices of the towers named outliers (none with 2 towers)."""
+    if self._judged is None or len(self._indices) == 2:
+      return []
+    return [self._indices[p]
+            for p in np.flatnonzero(np.reshape(values["outlier"], [-1]))]
+
+  def outlier_words(self, values):
+    """{tower index: `tower_words`} of the towers named outliers."""
+    return {t: self.tower_words(values, self._indices.index(t))
+            for t in self.outlier_towers(values)}
+
   def describe(self, values):
     """"tower 2 (/device:CPU:2): gradient norm 10.1x the other towers'
     median (usually 1x): 48 sigma > 6, min factor 3", or for 2 towers
@@ -221,10 +247,10 @@ class TowerOutliers(criteria.Criterion):
   def record(self, values):
     """The skips.jsonl fields: the outlier towers (indices, devices) and
     each tower's values."""
-    flags = np.reshape(values["outlier"], [-1])
-    named = [] if len(self._indices) == 2 else list(np.flatnonzero(flags))
+    named = self.outlier_towers(values)
     fields = {k: [float(v) for v in np.reshape(values[k], [-1])]
               for k in ("ratio", "usual", "sigmas", "grad_norm")}
-    return dict(fields, towers=[self._indices[p] for p in named],
-                devices=[self._devices[p] for p in named],
+    return dict(fields, towers=[int(t) for t in named],
+                devices=[self._devices[self._indices.index(t)]
+                         for t in named],
                 sigma=self.config.sigma, min_factor=self.config.min_factor)

@@ -47,6 +47,8 @@ _RERUN = ("e2e/reliability_rollback_test.py::TowerHistoryRollbackTest::"
           "testARerunOfTheFinishedRunKeepsTheRollbackFields")
 _GAVE_UP = ("e2e/reliability_rollback_test.py::SigkillAtRollbackTest::"
             "testSigkillAtAndAfterTheRollbackThenResumeToTheEnd")
+_OUTLIERS = ("trainer/tower/tower_outliers_test.py::TowerOutliersRunTest::"
+             "testTheCountsSurviveARollback")
 _ACROSS = "trainer/tower/quarantine_test.py::AcrossRestartsTest::"
 _QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
 _QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"
@@ -55,7 +57,7 @@ _SIGNAL_REBUILD = _ACROSS + "testASigtermDuringTheRebuildStopsTheRun"
 
 RULES = (
     Rule("the model: weights, optimizer slots, moving statistics, shadows, "
-         "EMA, loss scale, spike statistics", (),
+         "EMA, loss scale, spike and tower-agreement statistics", (),
          "restored", "restored (the older checkpoint's)", (_ROLLED_BACK,)),
     Rule("`applied_steps` (the updates the model holds)", ("applied_steps",),
          "restored", "restored (the undone ones counted in "
@@ -70,6 +72,9 @@ RULES = (
          "kept", "kept (history)", (_TOWERS,)),
     Rule("`rejected_by_tower` (`--skip_unit=tower`)", ("rejected_by_tower",),
          "kept", "kept (history)", (_TOWERS,)),
+    Rule("`tower_outlier_by_tower` (`--skip_tower_outliers`)",
+         ("tower_outlier_by_tower",), "kept", "kept (history)",
+         (_OUTLIERS,)),
     Rule("`suspect_faults_by_tower` and the quarantined towers "
          "(`--quarantine_after`; the decision in `quarantine.json`, "
          "written before its line)", ("suspect_faults_by_tower",),

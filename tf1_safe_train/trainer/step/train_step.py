@@ -29,7 +29,6 @@ import tensorflow as tf
 from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
-from tf1_safe_train.core import norms
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import tower_outliers
 from tf1_safe_train import models
@@ -200,10 +199,9 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
 
 
 def _tower_norms(outputs):
-  """A function building each built tower's global gradient norm (on its
-  device, over its fused check's tensors: `norms.fused_global_norm`)."""
-  return lambda: tf.stack([norms.fused_global_norm([g for g, _ in gv])
-                           for _, gv, _ in outputs])
+  """A function building each built tower's global gradient norm."""
+  return tower_outliers.tower_norms([[g for g, _ in gv]
+                                     for _, gv, _ in outputs])
 
 
 def _tower_values(built, tower_nonfinite):
