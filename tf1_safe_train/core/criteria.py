@@ -40,9 +40,11 @@ class Context(object):
       has it as a function: a step pays for nothing no criterion reads).
     nonfinite: bool scalar, the non-finite verdict (a gradient or a written
       statistic held a NaN or an Inf).
-    towers: dict of per-tower tensors, first axis the tower (e.g. "loss",
+    towers: dict of per-tower values, first axis the tower (e.g. "loss",
       "nonfinite"), as the caller gave them (`apply_gradients(
-      tower_values=...)`); empty when not given.
+      tower_values=...)`); empty when not given. A value is a tensor, a
+      function building it (e.g. "grad_norm": built only if a criterion
+      calls it) or Python data (e.g. "device": the towers' devices).
     global_norm: float32 scalar, the trainable variables' gradients' global
       norm (`norms.global_norm`: no overflow for finite gradients), built
       once, on first read.

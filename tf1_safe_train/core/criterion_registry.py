@@ -15,6 +15,7 @@ import importlib
 SPECS = [
     "tf1_safe_train.core.spikes_spec",
     "tf1_safe_train.core.grad_norm_spec",
+    "tf1_safe_train.core.tower_outliers_spec",
 ]
 
 _specs = []

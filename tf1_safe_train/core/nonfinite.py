@@ -176,19 +176,57 @@ def any_written_nonfinite(values):
 
 def _any_nonfinite(values):
   with tf1.name_scope("any_nonfinite"):
-    constants = _Constants(values[0].graph)
+    joined, constants = _joined(values)
     finite = []
-    for batch in _batches(values, constants):
-      first = batch[0]
-      with first.graph.colocate_with(first.op):
-        checked = (first if len(batch) == 1 else
-                   tf.concat(batch, axis=constants.get(first, 0)))
+    for checked in joined:
+      with checked.graph.colocate_with(checked.op):
         rank = checked.shape.rank
         axes = (None if rank is None else
-                constants.get(first, list(range(rank))))
+                constants.get(checked, list(range(rank))))
         finite.append(tf.reduce_all(tf.math.is_finite(checked), axis=axes))
     return tf.logical_not(finite[0] if len(finite) == 1
                           else tf.reduce_all(tf.stack(finite)))
+
+
+def fused(grads):
+  """The tensors one fused pass over `grads` reads (`any_nonfinite`'s
+  concatenations): the same nodes for every pass over the same gradients
+  (a tower's check and its norm, `norms.fused_global_norm`), built once
+  per graph outside control flow, free of the caller's control
+  dependencies."""
+  values = [_values(g) for g in grads if g is not None]
+  if not values:
+    return []
+  with _free_of_control_dependencies(values[0].graph):
+    return _joined(values)[0]
+
+
+def _joined(values):
+  """([one tensor per fused pass], the passes' constants) of `values`."""
+  graph = values[0].graph
+  key = tuple(v.ref() for v in values)
+  cache = None
+  if _outside_control_flow(graph):
+    cache = getattr(graph, _JOINED_ATTRIBUTE, None)
+    if cache is None:
+      cache = {}
+      setattr(graph, _JOINED_ATTRIBUTE, cache)
+    if key in cache:
+      return cache[key]
+  constants = _Constants(graph)
+  joined = []
+  for batch in _batches(values, constants):
+    first = batch[0]
+    with graph.colocate_with(first.op):
+      joined.append(first if len(batch) == 1 else
+                    tf.concat(batch, axis=constants.get(first, 0)))
+  if cache is not None:
+    cache[key] = (joined, constants)
+  return joined, constants
+
+
+# The fused passes' tensors already built in a graph, by their inputs.
+_JOINED_ATTRIBUTE = "_tf1_safe_train_fused_passes"
 
 
 class _Constants(object):

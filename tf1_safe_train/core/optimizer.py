@@ -117,7 +117,9 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       name: name scope of the decision ops.
       **criterion_keywords: the library's criteria (`criterion_registry`;
         None = off): `skip_spikes=` a `SpikeConfig` or its sigma (a spike in
-        the gradient norm or loss), `skip_grad_norm_above=` a norm.
+        the gradient norm or loss), `skip_grad_norm_above=` a norm,
+        `skip_tower_outliers=` a `TowerOutlierConfig` or its K (a tower
+        disagreeing with the others; needs `tower_grads_and_vars=`).
 
     Raises:
       TypeError: if `optimizer` is not a `tf.compat.v1.train.Optimizer`,
@@ -206,10 +208,12 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
       grads_and_vars: list of (gradient, variable) pairs.
       global_step: optional variable, advanced as the policy says.
       name: optional name for the wrapped optimizer's update ops.
-      tower_grads_and_vars: optional, for the skip report only: one list of
-        (gradient, variable) pairs per tower, over the same variables, when
-        `grads_and_vars` is their average: the report names the tower and
-        its device (a tower's NaN or Inf reaches the average, decided on).
+      tower_grads_and_vars: optional: one list of (gradient, variable)
+        pairs per tower, over the same variables, when `grads_and_vars` is
+        their average: the report names the tower and its device (a
+        tower's NaN or Inf reaches the average, decided on), and
+        `skip_tower_outliers=` compares the towers' norms (it skips the
+        step on an outlier: the average it applies cannot leave one out).
       loss: optional, the step's loss for the criteria (default: the mean
         of the losses given to `compute_gradients` since the last step).
       tower_values: optional dict of per-tower tensors (first axis the
@@ -231,6 +235,11 @@ class SkipNonFiniteOptimizer(tf1.train.Optimizer):
     def apply_fn(checked_grads_and_vars):
       return self._optimizer.apply_gradients(checked_grads_and_vars, name=name)
 
+    if tower_grads_and_vars is not None:
+      tower_grads_and_vars = [list(t) for t in tower_grads_and_vars]
+      tower_values = dict(step_report.tower_values(grads_and_vars,
+                                                   tower_grads_and_vars),
+                          **(tower_values or {}))
     result = self._build_step(grads_and_vars, global_step, apply_fn,
                               [(self._optimizer, grads_and_vars)], loss,
                               tower_values)

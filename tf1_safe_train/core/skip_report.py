@@ -201,20 +201,46 @@ def criterion_fields(report, reason, criteria_values):
       criteria_values["values"][reason])}
 
 
-def towers(devices, tower_bad, variables, extra=None, indices=None):
+def towers(devices, tower_bad, variables, extra=None, indices=None,
+           outliers=None):
   """A record's "towers": index, device, nonfinite, variables (the flagged
-  towers': `variables`), and `extra(index)`'s fields, for each tower of
-  `indices` (default: all)."""
+  towers': `variables`), with `outliers` (the indices of the towers a
+  finite criterion named, e.g. "tower_outlier"'s) "outlier" too, and
+  `extra(index)`'s fields, for each tower of `indices` (default: all)."""
   if indices is None:
     indices = range(len(tower_bad))
   return [dict({"index": i, "device": devices[i],
                 "nonfinite": bool(tower_bad[i]),
                 "variables": list(variables) if tower_bad[i] else []},
+               **({"outlier": i in outliers} if outliers is not None
+                  else {}),
                **(extra(i) if extra else {}))
           for i in indices]
 
 
 # TensorBoard and run_summary.json.
+
+# Per-tower counts a run may keep beside `nonfinite_steps_by_tower` (the
+# tower unit's steps applied without each tower; --skip_tower_outliers'
+# steps each tower was named an outlier), by their checkpoint names, which
+# run_summary.json's fields and TensorBoard's "skips/<name>_tower_<i>"
+# (name without "_by_tower") follow.
+TOWER_COUNTS = ("rejected_by_tower", "tower_outlier_by_tower")
+
+
+def tower_count_fields(values):
+  """run_summary.json's per-tower count fields of fetched (or restored)
+  `values` (a dict by name; the counts a run does not keep are absent)."""
+  return {name: [int(c) for c in values[name]] for name in TOWER_COUNTS
+          if name in values}
+
+
+def tower_count_tags(values):
+  """{"<name>": counts} of `values`' per-tower counts, for `counter_tags`'s
+  `by_tower` ("rejected", "tower_outlier")."""
+  return {name[:-len("_by_tower")]: values[name] for name in TOWER_COUNTS
+          if name in values}
+
 
 
 def counter_tags(counters, counts, by_tower, by_worker=None):

@@ -16,6 +16,7 @@ from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import raw_gradients
 from tf1_safe_train.core import reasons
 from tf1_safe_train.core import skip_report
+from tf1_safe_train.core import tower_outliers
 
 tf1 = tf.compat.v1
 
@@ -224,6 +225,17 @@ def tower_flags(grads_and_vars, tower_grads_and_vars):
         [g for g, v in tower if id(v) in checked]))
     devices.append(device_of(tower))
   return tf.stack(flags), devices
+
+
+def tower_values(grads_and_vars, tower_grads_and_vars):
+  """What the criteria see of the towers (`criteria.Context.towers`): each
+  tower's global gradient norm (built only if a criterion reads it, over
+  the tensors its fused flag reads) and device."""
+  checked = {id(v) for g, v in grads_and_vars if g is not None}
+  grads = [[g for g, v in tower if id(v) in checked]
+           for tower in tower_grads_and_vars]
+  return {tower_outliers.NORM: tower_outliers.tower_norms(grads),
+          tower_outliers.DEVICE: [device_of(t) for t in tower_grads_and_vars]}
 
 
 def segment_flags(flags, sizes):

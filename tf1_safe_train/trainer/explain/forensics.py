@@ -36,6 +36,7 @@ from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import reasons as reasons_lib
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import skip_report
+from tf1_safe_train.core import tower_outliers
 from tf1_safe_train.trainer.inputs import batch_store
 from tf1_safe_train.trainer.explain import replay_lib
 from tf1_safe_train.trainer.explain import skip_states
@@ -54,6 +55,8 @@ NOT_EXPLAINED = "not explained: --max_explained_skips reached"
 # "not reproducible" and accuse a device, or worse, exclude its examples.
 FINITE = verdict_counts.FINITE
 SPIKE = FINITE % "spike"
+# The tower-agreement criterion's reason.
+OUTLIER = tower_outliers.REASON
 DRY_RUN = "%s would be skipped (dry run: applied; not replayed)"
 OVERFLOW = ("loss-scale overflow at scale %s (expected: the scale halves); "
             "not replayed")
@@ -102,10 +105,14 @@ class ForensicsHook(core_hooks.GatedHook):
     if step.reasons is not None:
       self._fetches["criteria"] = step.reasons.fetches
     if step.tower_unit is not None:  # Towers left out: recorded too.
-      self._fetches["left_out"] = step.tower_unit.degraded
+      self._fetches["left_out"] = step.tower_unit.any_left_out
     # --skip_unit=worker: this worker's push was left out, not the step
     # skipped (the chief's line says whether the others' applied).
     self._worker_unit = step.worker_unit is not None
+    # --skip_tower_outliers: the towers it names (left out or skipped).
+    self._outliers = next((c for c in (step.reasons.criteria if step.reasons
+                                       else []) if c.reason == OUTLIER and
+                           not c.dry_run), None)
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -138,8 +145,13 @@ class ForensicsHook(core_hooks.GatedHook):
     flags = [bool(f) for f in np.reshape(results["towers"], [-1])]
     reason = (self._reasons.label(results["criteria"]) if self._reasons
               else reasons_lib.NONFINITE)
+    outliers = (self._outliers.outlier_towers(
+        results["criteria"]["values"][OUTLIER]) if self._outliers else None)
+    if outliers and not any(flags):  # Left out (applied) or skipped.
+      reason = OUTLIER
     record = skip_report.record(int(results["step"]), self._worker, reason,
-                                towers=self._towers(results, flags, batches))
+                                towers=self._towers(results, flags, batches,
+                                                    outliers))
     if left_out and results["applied"]:  # Replayed on the weights after.
       record.update(unit="tower", weights="after the step")
     elif self._worker_unit:
@@ -262,8 +274,9 @@ class ForensicsHook(core_hooks.GatedHook):
     except ValueError:
       return str(example_id)
 
-  def _towers(self, results, flags, batches):
-    """The record's per-tower entries."""
+  def _towers(self, results, flags, batches, outliers=None):
+    """The record's per-tower entries (`outliers`: the towers named by
+    --skip_tower_outliers)."""
     # A NaN/Inf of any tower survives averaging: the decision's variables
     # are those of the flagged towers.
     variables = [n for n, f in zip(self._names, results["average"]) if f]
@@ -277,7 +290,8 @@ class ForensicsHook(core_hooks.GatedHook):
     return skip_report.towers(
         self._devices, flags, variables, extra,
         [t for t in range(len(batches))
-         if self._forensics.towers[t] is not None])  # Not quarantined.
+         if self._forensics.towers[t] is not None],  # Not quarantined.
+        outliers)
 
   def _summarize(self, step, text, reproduced, seconds):
     if not self._summary_dir:

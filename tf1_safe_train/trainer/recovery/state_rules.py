@@ -50,6 +50,8 @@ _GAVE_UP = ("e2e/reliability_rollback_test.py::SigkillAtRollbackTest::"
 _SYNC = "cluster/sync_rollback_test.py::SyncRollbackTest::"
 _SYNC_MODEL = _SYNC + "testTheRestoredModelIsTheCheckpointsOnTheParameterServers"
 _SYNC_WINDOW = _SYNC + "testEveryWorkerTrainsOnPastTheWindow"
+_OUTLIERS = ("trainer/tower/tower_unit_test.py::OutlierTowerTest::"
+             "testItsCountIsHistoryKeptOnRollback")
 _ACROSS = "trainer/tower/quarantine_test.py::AcrossRestartsTest::"
 _QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
 _QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"
@@ -58,7 +60,7 @@ _SIGNAL_REBUILD = _ACROSS + "testASigtermDuringTheRebuildStopsTheRun"
 
 RULES = (
     Rule("the model: weights, optimizer slots, moving statistics, shadows, "
-         "EMA, loss scale, spike statistics", (),
+         "EMA, loss scale, spike and tower-agreement statistics", (),
          "restored", "restored (the older checkpoint's; in a sync cluster "
          "onto the parameter servers, between an update and its tokens)",
          (_ROLLED_BACK, _SYNC_MODEL)),
@@ -78,6 +80,9 @@ RULES = (
     Rule("`rejected_by_tower` (`--skip_unit=tower`), `rejected_by_worker` "
          "(`--skip_unit=worker`)", ("rejected_by_tower", "rejected_by_worker"),
          "kept", "kept (history)", (_TOWERS,)),
+    Rule("`tower_outlier_by_tower` (`--skip_tower_outliers`)",
+         ("tower_outlier_by_tower",), "kept", "kept (history)",
+         (_OUTLIERS,)),
     Rule("`suspect_faults_by_tower` and the quarantined towers "
          "(`--quarantine_after`; the decision in `quarantine.json`, "
          "written before its line)", ("suspect_faults_by_tower",),

@@ -102,9 +102,9 @@ def build(params, latest, steps_run, first_step_time, start, end,
       "max_consecutive_skips_seen": int(latest["max_consecutive_skips_seen"]),
       "nonfinite_steps_by_tower": [
           int(c) for c in latest["nonfinite_steps_by_tower"]],
-      # --skip_unit=tower: steps applied without each tower.
-      **({"rejected_by_tower": [int(c) for c in latest["rejected_by_tower"]]}
-         if "rejected_by_tower" in latest else {}),
+      # --skip_unit=tower: steps applied without each tower;
+      # --skip_tower_outliers: steps each tower was an outlier.
+      **skip_report.tower_count_fields(latest),
       # --skip_unit=worker: steps applied without each worker's push.
       **({"rejected_by_worker": [
           int(c) for c in latest["rejected_by_worker"]]}
@@ -135,8 +135,8 @@ def _restored(params, exit_reason, wall_seconds):
                    n for n in names if n.endswith("_skips")):
     if name in names:
       summary[name] = int(reader.get_tensor(name))
-  for name in ("nonfinite_steps_by_tower", "rejected_by_tower",
-               "rejected_by_worker"):
+  for name in (("nonfinite_steps_by_tower",) + skip_report.TOWER_COUNTS +
+               ("rejected_by_worker",)):
     if name in names:
       summary[name] = [int(c) for c in reader.get_tensor(name)]
   return summary

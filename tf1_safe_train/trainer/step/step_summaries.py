@@ -13,7 +13,6 @@ import tensorflow as tf
 
 from tf1_safe_train.core import hooks as core_hooks
 from tf1_safe_train.core import skip_report
-from tf1_safe_train.trainer.tower import tower_unit
 
 tf1 = tf.compat.v1
 
@@ -70,8 +69,8 @@ class CountersHook(core_hooks.GatedHook):
     """
     totals = step.totals
     by_tower = {"nonfinite_steps": totals["nonfinite_steps_by_tower"]}
-    if tower_unit.REJECTED in totals:  # --skip_unit=tower.
-      by_tower["rejected"] = totals[tower_unit.REJECTED]
+    # --skip_unit=tower's "rejected", --skip_tower_outliers' "tower_outlier".
+    by_tower.update(skip_report.tower_count_tags(totals))
     # --skip_unit=worker (the trainer imports no cluster module).
     by_worker = ({"rejected": totals["rejected_by_worker"]}
                  if "rejected_by_worker" in totals else {})

@@ -30,6 +30,7 @@ from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
 from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import tower_outliers
 from tf1_safe_train import models
 from tf1_safe_train.trainer.step import applied_update
 from tf1_safe_train.trainer.recovery import checkpoint_rollback_state
@@ -104,12 +105,13 @@ def _or_tower0(tower_nonfinite, flag):
 
 Towers = collections.namedtuple("Towers", [
     "outputs", "grads_and_vars", "statistics", "update_ops", "nonfinite",
-    "inputs", "probes", "devices", "unit"])
+    "inputs", "probes", "devices", "unit", "indices"])
 Towers.__doc__ = """The towers of one step, built (`_build_towers`): per
 tower built (loss, grads_and_vars, fused non-finite flag or None), the
 average, the first tower's statistics and update ops, the towers' flags,
-input, replay probes (None for a quarantined tower), devices, and the
-`tower_unit.TowerUnit` (--skip_unit=tower) or None."""
+input, replay probes (None for a quarantined tower), devices, the
+`tower_unit.TowerUnit` (--skip_unit=tower) or None, and the built towers'
+indices."""
 
 
 def _optimizer(params, state):
@@ -134,9 +136,11 @@ def _optimizer(params, state):
 
 
 def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
-                  dataset_fn, exclude_ids, quarantined, replays, skip_batches):
+                  dataset_fn, exclude_ids, quarantined, replays, skip_batches,
+                  outliers=None):
   """Every tower's input, loss and gradients, averaged: `Towers` (with
-  replay probes if `replays`)."""
+  replay probes if `replays`; with --skip_unit=tower, `outliers`' towers,
+  a `tower_outliers.TowerOutliers`, left out too)."""
   config = strategy.tower_config
   num_towers = config.num_towers
   drill = drill_lib.Drill.of(params, num_towers, strategy.num_workers)
@@ -167,8 +171,16 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
 
   outputs = towers.build_towers(config, tower_fn, skip=quarantined)
   built = sorted(probes)
+  left_out = None
+  if (outliers is not None and not outliers.dry_run and
+      params.skip_unit == "tower"):
+    with tf1.device(config.variables_device()):
+      left_out = outliers.judge(_tower_norms(outputs)(),
+                                [devices[i] for i in built], built,
+                                num_towers)
+    outliers.leave_out = True
   unit = tower_unit_lib.of_towers(params, outputs, config.variables_device(),
-                                  built)
+                                  built, left_out)
   grads_and_vars = (unit.average_gradients() if unit else
                     towers.average_gradients([gv for _, gv, _ in outputs]))
   # Like model_deploy: batch-norm statistics come from the first tower.
@@ -186,7 +198,24 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
     tower_nonfinite = tf.zeros([1], tf.bool)
   return Towers(outputs, grads_and_vars, statistics, update_ops,
                 tower_nonfinite, tower_inputs,
-                [probes.get(i) for i in range(num_towers)], devices, unit)
+                [probes.get(i) for i in range(num_towers)], devices, unit,
+                built)
+
+
+def _tower_norms(outputs):
+  """A function building each built tower's global gradient norm."""
+  return tower_outliers.tower_norms([[g for g, _ in gv]
+                                     for _, gv, _ in outputs])
+
+
+def _tower_values(built, tower_nonfinite):
+  """What the criteria see of each tower (`criteria.Context.towers`)."""
+  return {"loss": tf.stack([loss for loss, _, _ in built.outputs]),
+          "nonfinite": tower_nonfinite,
+          # Built only if a criterion reads them.
+          tower_outliers.NORM: _tower_norms(built.outputs),
+          tower_outliers.DEVICE: [built.devices[i] for i in built.indices],
+          tower_outliers.INDEX: list(built.indices)}
 
 
 def _decide(strategy, state, built, guarded, loss):
@@ -198,9 +227,8 @@ def _decide(strategy, state, built, guarded, loss):
   # For the criteria (run if one reads them); sync replicas' chief has none.
   kwargs = {}
   if not getattr(strategy, "sync", False):
-    kwargs = dict(loss=loss, tower_values={
-        "loss": tf.stack([loss for loss, _, _ in built.outputs]),
-        "nonfinite": tower_nonfinite})
+    kwargs = dict(loss=loss, tower_values=_tower_values(built,
+                                                        tower_nonfinite))
   with tf1.control_dependencies([state.step_index]):
     decided = strategy.decide(guarded, pairs, state.global_step,
                               tower_nonfinite, **kwargs)
@@ -255,9 +283,11 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     state = step_state.StepState(config.num_towers)
     criteria = criterion_registry.from_params(params) + list(criteria)
     learning_rate, optimizer, loss_scale, scale = _optimizer(params, state)
+  outliers = next((c for c in criteria
+                   if isinstance(c, tower_outliers.TowerOutliers)), None)
   built = _build_towers(params, strategy, state.step_index, optimizer,
                         loss_scale, scale, dataset_fn, exclude_ids,
-                        quarantined, replays, skip_batches)
+                        quarantined, replays, skip_batches, outliers)
   unit = built.unit
   worker_unit = strategy.decision_unit()
   # The one guarded step of the library (the public wrapper), deciding
@@ -286,12 +316,15 @@ def build_step(params, strategy, dataset_fn=None, exclude_ids=(),
     train_op = tf.group(step_op, keep, *state.updates(
         step_op, tower_nonfinite), name="train_op")
     totals, after = state.totals(train_op, decided.reasons)
-    for key, left_out in ((tower_unit_lib.REJECTED, unit),
-                          (getattr(worker_unit, "REJECTED", None),
-                           worker_unit)):  # Each unit's count, if on.
-      if left_out:
-        with tf1.control_dependencies([train_op]):
+    with tf1.control_dependencies([train_op]):
+      for key, left_out in ((tower_unit_lib.REJECTED, unit),
+                            (getattr(worker_unit, "REJECTED", None),
+                             worker_unit)):  # Each unit's count, if on.
+        if left_out:
           totals[key] = tf.identity(left_out.rejected.read_value())
+      if outliers is not None and outliers.variables:
+        totals[tower_outliers.BY_TOWER] = tf.identity(
+            outliers.by_tower.read_value())
   step = Step(
       train_op=train_op, step_index=state.step_index, loss=loss,
       learning_rate=learning_rate, applied=result.applied, counters=after,

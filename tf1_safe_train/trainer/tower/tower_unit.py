@@ -1,7 +1,8 @@
 """The tower unit (`--skip_unit=tower`): leave out a bad tower, apply the rest.
 
-A tower whose gradients or loss hold a NaN/Inf is left out of the step's
-average, selected away (never multiplied by 0: NaN * 0 is NaN), and the sum
+A tower whose gradients or loss hold a NaN/Inf, or whose finite gradients
+disagree with the other towers' (`--skip_tower_outliers`), is left out of
+the step's average, selected away (never multiplied by 0: NaN * 0 is NaN), and the sum
 of the healthy towers is divided by their number, inside the one decision
 of the step; fewer than `min_healthy` healthy towers skip the whole step.
 """
@@ -42,7 +43,8 @@ class TowerUnit(object):
   """
 
   def __init__(self, losses, tower_grads_and_vars, grad_flags, min_healthy_,
-               variables_device, indices=None, num_towers=None):
+               variables_device, indices=None, num_towers=None,
+               outliers=None):
     """Builds the towers' verdicts.
 
     Args:
@@ -55,6 +57,8 @@ class TowerUnit(object):
       indices: the towers' indices (default 0..); others are quarantined
         (never built; their flags read False).
       num_towers: every tower, built or not (default: len(losses)).
+      outliers: optional bool [len(losses)], each built tower's outlier
+        flag (`tower_outliers.TowerOutliers.judge`): left out too.
     """
     self.indices = list(indices or range(len(losses)))
     self.num_towers = num_towers or len(losses)
@@ -64,6 +68,12 @@ class TowerUnit(object):
     with tf1.name_scope("tower_unit"):
       loss_flags = tf.logical_not(tf.math.is_finite(tf.stack(losses)))
       left_out = tf.logical_or(tf.stack(grad_flags), loss_flags)
+      degraded = tf.reduce_any(left_out)
+      # bool [num_towers], the towers left out as outliers, or None.
+      self.outliers = None
+      if outliers is not None:
+        self.outliers = self._every_tower(tf.unstack(outliers))
+        left_out = tf.logical_or(left_out, outliers)
       healthy = tf.logical_not(left_out)
       self._healthy = tf.unstack(healthy)
       self.grad_flags = self._every_tower(grad_flags)
@@ -75,7 +85,12 @@ class TowerUnit(object):
       # The statistics are the first built tower's (tower 0's unless
       # quarantined).
       self.keep_updates = self._healthy[0]
-      self.degraded = tf.reduce_any(left_out)
+      # A NaN/Inf tower left out (a loss scale halves as on a skip; the
+      # report checks the left-out towers' variables).
+      self.degraded = degraded
+      # Any tower left out, an outlier too.
+      self.any_left_out = (degraded if outliers is None
+                           else tf.reduce_any(left_out))
       # The healthy towers' mean loss (all towers' when none is healthy).
       kept = [tf.where(h, l, tf.zeros_like(l))
               for h, l in zip(self._healthy, losses)]
@@ -107,7 +122,10 @@ class TowerUnit(object):
 
   def on_apply(self):
     """Op for the apply branch: each left-out tower's `rejected` += 1."""
-    return tf1.assign_add(self.rejected, tf.cast(self.left_out, tf.int64))
+    left_out = self.left_out
+    if self.outliers is not None:
+      left_out = tf.logical_or(left_out, self.outliers)
+    return tf1.assign_add(self.rejected, tf.cast(left_out, tf.int64))
 
   def nonfinite_variables(self, names):
     """bool [len(names)]: True where a left-out tower's gradient of that
@@ -173,7 +191,8 @@ def _select(healthy, tensor):
   return tf.where(healthy, tensor, tf.zeros([], tensor.dtype.base_dtype))
 
 
-def of_towers(params, outputs, variables_device, indices=None):
+def of_towers(params, outputs, variables_device, indices=None,
+              outliers=None):
   """The step's `TowerUnit` with --skip_unit=tower and several towers, else
   None (one tower: leaving it out is skipping the step).
 
@@ -183,10 +202,11 @@ def of_towers(params, outputs, variables_device, indices=None):
       flag).
     variables_device: where the counters live.
     indices: the built towers' indices (default: all).
+    outliers: optional bool [len(outputs)]: towers left out as outliers.
   """
   if params.skip_unit != "tower" or params.num_towers < 2:
     return None
   return TowerUnit([l for l, _, _ in outputs], [gv for _, gv, _ in outputs],
                    [f for _, _, f in outputs],
                    min_healthy(params.min_healthy_towers, params.num_towers),
-                   variables_device, indices, params.num_towers)
+                   variables_device, indices, params.num_towers, outliers)
