@@ -219,8 +219,12 @@ class ForensicsHook(core_hooks.GatedHook):
     built (3 towers or more), else None."""
     if reason != OUTLIER or offending or not self._outlier_replays:
       return None
-    named = self._outliers.outlier_towers(criteria["values"][reason])
-    return named[0] if named else None
+    values = criteria["values"][reason]
+    named = self._outliers.outlier_towers(values)
+    # Several named: the farthest from its usual ratio.
+    sigmas = np.reshape(values["sigmas"], [-1])
+    return max(named, key=lambda t: sigmas[self._built.index(t)],
+               default=None)
 
   def _past_limit(self, tower):
     """Whether `tower`'s fault gets no replay: --max_explained_skips

@@ -82,7 +82,10 @@ def tower_probe(index, device, images, labels, loss, grads_and_vars,
   """Tower `index`'s `TowerProbe` (call in the tower's device and scope);
   its probe is built only if `build_probe`, else None (and `grad_norm`,
   the tower's gradient norm an outlier's replay fetches, dropped)."""
-  faults = tower_drill.in_step_faults()
+  # (A drill's flag that is a constant, e.g. the NaN flag of a tower with
+  # only scale rules, cannot be fed: `poison` read its static value.)
+  faults = {k: v for k, v in tower_drill.in_step_faults().items()
+            if k.graph.is_feedable(k)}
   if not build_probe:
     return TowerProbe(index, device, images, labels, loss, None, faults)
   grads = []
