@@ -12,6 +12,7 @@ import tensorflow as tf
 from tf1_safe_train.models import layers
 from tf1_safe_train.trainer.run import local_replication
 from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.recovery import state_rules
 from tf1_safe_train.trainer.tower import towers
 from tf1_safe_train.trainer.step import train_step
 
@@ -222,6 +223,101 @@ class TowerUnitTest(tf.test.TestCase):
     self.assertFalse(out["applied"])
     self.assertIsNone(run.step.tower_unit)
     self.assertNotIn("rejected_by_tower", out["totals"])
+
+
+class OutlierTowerTest(tf.test.TestCase):
+  """--skip_tower_outliers with the tower unit: a finite outlier tower is
+  left out like a NaN one; 2 towers that disagree skip the step."""
+
+  _S = 12  # The faulty step: after the tests' warm-up of 10 applied steps.
+
+  def _run(self, **kwargs):
+    values = dict(skip_tower_outliers=6.0,
+                  skip_tower_outliers_warmup_steps=10, batch_size=8)
+    values.update(kwargs)
+    run = Run(params_for(**values))
+    self.addCleanup(run.close)
+    return run
+
+  def _step_s(self, run):
+    """Runs up to step S; returns (weights before S, its fetches)."""
+    for _ in range(self._S):
+      self.assertTrue(run.run()["applied"])
+    before = run.state()
+    unit = run.step.tower_unit
+    return before, run.run({"grads": [[g for g, _ in gv] for gv in
+                                      unit.tower_grads_and_vars]})
+
+  def _average_of(self, run, before, out, towers_kept):
+    return _numpy_reference(before["weights"],
+                            [out["grads"][t] for t in towers_kept], out["lr"])
+
+  def testAScale10TowerIsLeftOutAndTheOthersAverageApplied(self):
+    run = self._run(inject_nonfinite="scale10@%d:2" % self._S)
+    before, out = self._step_s(run)
+    self.assertTrue(out["applied"])
+    self.assertEqual([0, 0, 1, 0], list(out["totals"]["rejected_by_tower"]))
+    self.assertEqual([0, 0, 1, 0],
+                     list(out["totals"]["tower_outlier_by_tower"]))
+    # Not a NaN: no non-finite count.
+    self.assertEqual([0, 0, 0, 0],
+                     list(out["totals"]["nonfinite_steps_by_tower"]))
+    after = run.state()
+    self.assertEqual(_bits(self._average_of(run, before, out, (0, 1, 3))),
+                     _bits(after["weights"]))
+    self.assertNotEqual(
+        _bits(self._average_of(run, before, out, (0, 1, 2, 3))),
+        _bits(after["weights"]))
+    # And the next steps apply every tower again.
+    out = run.run()
+    self.assertEqual([0, 0, 1, 0], list(out["totals"]["rejected_by_tower"]))
+
+  def testWithoutTheCriterionTheSameRunAppliesAllFour(self):
+    run = self._run(skip_tower_outliers=0.0,
+                    inject_nonfinite="scale10@%d:2" % self._S)
+    before, out = self._step_s(run)
+    self.assertTrue(out["applied"])
+    self.assertEqual([0, 0, 0, 0], list(out["totals"]["rejected_by_tower"]))
+    self.assertNotIn("tower_outlier_by_tower", out["totals"])
+    after = run.state()
+    self.assertEqual(
+        _bits(self._average_of(run, before, out, (0, 1, 2, 3))),
+        _bits(after["weights"]))
+    self.assertNotEqual(_bits(self._average_of(run, before, out, (0, 1, 3))),
+                        _bits(after["weights"]))
+
+  def testACleanRunLeavesNothingOut(self):
+    run = self._run(seed=3)
+    for _ in range(300):
+      out = run.run()
+      self.assertTrue(out["applied"])
+    self.assertEqual([0, 0, 0, 0], list(out["totals"]["rejected_by_tower"]))
+    self.assertEqual([0, 0, 0, 0],
+                     list(out["totals"]["tower_outlier_by_tower"]))
+
+  def testTwoTowersThatDisagreeSkipTheStep(self):
+    # Which of the two is wrong cannot be told: their ratio's history
+    # says they disagree, and the whole step is skipped.
+    run = self._run(num_towers=2, inject_nonfinite="scale10@%d:1" % self._S)
+    before, out = self._step_s(run)
+    self.assertFalse(out["applied"])
+    self.assertEqual((self._S, 1), (out["counters"].applied_steps,
+                                    out["counters"].skipped_steps))
+    self.assertEqual(1, out["totals"]["skip_reasons"]["tower_outlier_skips"])
+    self.assertEqual([0, 0], list(out["totals"]["rejected_by_tower"]))
+    self.assertEqual(_bits(before["weights"]), _bits(run.state()["weights"]))
+    self.assertTrue(run.run()["applied"])
+
+  def testItsCountIsHistoryKeptOnRollback(self):
+    run = self._run()
+    with run.graph.as_default():
+      names = [v.op.name for v in state_rules.kept_on_rollback()]
+      model_state = [v.op.name for v in tf1.global_variables()
+                     if v.op.name.startswith("tower_outlier_stats/")]
+    self.assertIn("tower_outlier_by_tower", names)
+    # Its statistics are the model's: restored with it.
+    self.assertLen(model_state, 3)
+    self.assertEqual([], [n for n in model_state if n in names])
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ _RERUN = ("e2e/reliability_rollback_test.py::TowerHistoryRollbackTest::"
           "testARerunOfTheFinishedRunKeepsTheRollbackFields")
 _GAVE_UP = ("e2e/reliability_rollback_test.py::SigkillAtRollbackTest::"
             "testSigkillAtAndAfterTheRollbackThenResumeToTheEnd")
-_OUTLIERS = ("trainer/tower/tower_outliers_test.py::TowerOutliersRunTest::"
-             "testTheCountsSurviveARollback")
+_OUTLIERS = ("trainer/tower/tower_unit_test.py::OutlierTowerTest::"
+             "testItsCountIsHistoryKeptOnRollback")
 _ACROSS = "trainer/tower/quarantine_test.py::AcrossRestartsTest::"
 _QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
 _QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"

@@ -1,0 +1,153 @@
+"""The tower-agreement criterion (`core/tower_outliers.py`) in the wrapper.
+
+`SkipNonFiniteOptimizer(opt, skip_tower_outliers=K)` given each tower's
+gradients (`tower_grads_and_vars=`) skips a step on which one tower's
+gradient norm disagrees with the others' and names that tower: it applies
+the average it is given and cannot leave one tower out of it.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_safe_train.core import criteria
+from tf1_safe_train.core import criterion_spec
+from tf1_safe_train.core import optimizer as optimizer_lib
+from tf1_safe_train.core import tower_outliers
+
+tf1 = tf.compat.v1
+
+_S = 12  # The faulty step, after a warm-up of 10 applied steps.
+
+
+def _config(sigma=6.0, **kwargs):
+  return tower_outliers.TowerOutlierConfig(sigma, warmup_steps=10, **kwargs)
+
+
+def _counter(dry_run=False):
+  """The graph's tower_outlier_skips (or _would_skips) counter."""
+  return criteria.reason_counter(tower_outliers.REASON, dry_run)
+
+
+class _Towers(object):
+  """`num_towers` towers on their CPU devices sharing a 3-vector `w`, each
+  with the gradient noise * w (the noise fed: about 1 +- 10%), tower
+  `bad`'s times the fed `scale`; the wrapper applies their average."""
+
+  def __init__(self, num_towers, bad, **keywords):
+    self.w = tf1.get_variable("w", initializer=tf.ones([3]))
+    self.scale = tf1.placeholder_with_default(1.0, [])
+    self.noise = tf1.placeholder(tf.float32, [num_towers, 3])
+    self.towers = []
+    for i in range(num_towers):
+      with tf1.device("/cpu:%d" % i):
+        grad = self.noise[i] * self.w
+        if i == bad:
+          grad = grad * self.scale
+        self.towers.append([(grad, self.w)])
+    average = [(tf.add_n([t[0][0] for t in self.towers]) / num_towers,
+                self.w)]
+    self.opt = optimizer_lib.SkipNonFiniteOptimizer(
+        tf1.train.GradientDescentOptimizer(0.01), **keywords)
+    global_step = tf1.train.get_or_create_global_step()
+    self.result = self.opt.apply_gradients_with_result(
+        average, global_step, tower_grads_and_vars=self.towers)
+    self.report = self.opt.report_fetches(self.result.train_op)
+    self.num_towers = num_towers
+
+  def run(self, sess, steps, scale_at=None):
+    """Runs `steps` steps (the bad tower scaled by 10 at `scale_at`);
+    returns each step's (applied, line)."""
+    rng = np.random.RandomState(0)
+    out = []
+    for step in range(steps):
+      feed = {self.noise: 1 + 0.1 * rng.randn(self.num_towers, 3)}
+      if step == scale_at:
+        feed[self.scale] = 10.0
+      _, applied, values = sess.run(
+          [self.result.train_op, self.result.applied, self.report], feed)
+      out.append((bool(applied), self.opt.describe_skip(values)))
+    return out
+
+
+class WrapperTest(tf.test.TestCase):
+
+  def _session(self, num_towers):
+    return self.session(config=tf1.ConfigProto(
+        device_count={"CPU": num_towers}))
+
+  def testSkipsTheStepOfAnOutlierTowerAndNamesIt(self):
+    with tf.Graph().as_default():
+      towers = _Towers(4, 2, skip_tower_outliers=_config())
+      with self._session(4) as sess:
+        sess.run(tf1.global_variables_initializer())
+        steps = towers.run(sess, _S, None)
+        before = sess.run(towers.w)
+        ((applied, line),) = towers.run(sess, 1, scale_at=0)
+        after = sess.run(towers.w)
+        criterion = towers.result.reasons.criterion(tower_outliers.REASON)
+        by_tower, skips = sess.run([criterion.by_tower, _counter()])
+    self.assertEqual([True] * _S, [a for a, _ in steps])
+    self.assertFalse(applied)
+    self.assertRegex(line, r"^skipped step %d: tower_outlier, tower 2 "
+                     r"\(/device:CPU:2\): gradient norm [0-9.]+x the other "
+                     r"towers' median \(usually [0-9.]+x\): [0-9.]+ sigma > "
+                     r"6, min factor 3$" % _S)
+    self.assertAllEqual(before, after)
+    self.assertEqual([0, 0, 1, 0], list(by_tower))
+    self.assertEqual(1, skips)
+
+  def testWithoutTheCriterionTheStepIsApplied(self):
+    with tf.Graph().as_default():
+      towers = _Towers(4, 2)
+      with self._session(4) as sess:
+        sess.run(tf1.global_variables_initializer())
+        steps = towers.run(sess, _S + 1, scale_at=_S)
+    self.assertEqual([True] * (_S + 1), [a for a, _ in steps])
+
+  def testTwoTowersThatDisagreeSkipWithoutBlamingOne(self):
+    with tf.Graph().as_default():
+      towers = _Towers(2, 1, skip_tower_outliers=_config())
+      with self._session(2) as sess:
+        sess.run(tf1.global_variables_initializer())
+        steps = towers.run(sess, _S + 2, scale_at=_S)
+        criterion = towers.result.reasons.criterion(tower_outliers.REASON)
+        by_tower = sess.run(criterion.by_tower)
+    self.assertEqual([True] * _S + [False, True], [a for a, _ in steps])
+    self.assertRegex(steps[_S][1], "tower 0 \\(/device:CPU:0\\) and tower 1 "
+                     "\\(/device:CPU:1\\) disagree: .* cannot be told$")
+    self.assertEqual([0, 0], list(by_tower))
+
+  def testADryRunSkipsNothing(self):
+    with tf.Graph().as_default():
+      towers = _Towers(4, 2, skip_tower_outliers=_config(dry_run=True))
+      with self._session(4) as sess:
+        sess.run(tf1.global_variables_initializer())
+        steps = towers.run(sess, _S + 1, scale_at=_S)
+        would_skips = sess.run(_counter(dry_run=True))
+    self.assertEqual([True] * (_S + 1), [a for a, _ in steps])
+    self.assertEqual(1, would_skips)
+
+  def testNeedsEachTowersGradients(self):
+    with tf.Graph().as_default():
+      w = tf1.get_variable("w", initializer=tf.ones([3]))
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(0.01), skip_tower_outliers=6.0)
+      with self.assertRaisesRegex(ValueError, "tower_grads_and_vars"):
+        opt.apply_gradients([(w * 2.0, w)])
+
+
+class ConfigTest(tf.test.TestCase):
+
+  def testBadValuesAreNamed(self):
+    for kwargs, message in [
+        (dict(sigma=0.0), "sigma=0.0 must be a finite number > 0"),
+        (dict(sigma=6.0, min_factor=1.0), "min_factor=1.0 must be a finite "
+         "number > 1"),
+        (dict(sigma=6.0, warmup_steps=0), "warmup_steps=0 must be an "
+         "integer >= 1")]:
+      with self.assertRaisesRegex(criterion_spec.SpecError, message):
+        tower_outliers.TowerOutlierConfig(**kwargs).validate()
+
+
+if __name__ == "__main__":
+  tf.test.main()

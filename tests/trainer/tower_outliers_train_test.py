@@ -1,0 +1,76 @@
+"""--skip_tower_outliers through the runner (`train_lib.train`, in process).
+
+One 4-tower run with `--skip_unit=tower` and the drill `scale10@12:2`
+(tower 2's gradients times 10 at step 12, after a warm-up of 10 applied
+steps): its line, its skips.jsonl record, run_summary.json, TensorBoard
+and the checkpoint name tower 2 and count it.
+"""
+
+import tempfile
+
+import tensorflow as tf
+
+from tests.fixtures import event_files
+from tests.fixtures import forensics_params
+from tests.fixtures import run_logs
+from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer.run import train_lib
+
+tf1 = tf.compat.v1
+
+_S = 12
+
+
+class TowerOutliersTrainTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.train_dir = tempfile.mkdtemp(dir=tf1.test.get_temp_dir())
+    with run_logs.capture(level="WARNING") as warnings:
+      cls.summary = train_lib.train(forensics_params.params(
+          cls.train_dir, num_towers=4, skip_unit="tower", max_steps=_S + 2,
+          skip_tower_outliers=6.0, skip_tower_outliers_warmup_steps=10,
+          inject_nonfinite="scale10@%d:2" % _S, seed=1))
+    cls.log = "\n".join(r.getMessage() for r in warnings.records)
+
+  def testTheLineNamesTheTowerItsDeviceAndTheStatistic(self):
+    self.assertRegex(
+        self.log, r"step %d: tower 2 \(/device:CPU:2\) left out: outlier, "
+        r"gradient norm [0-9.]+x the other towers' median \(usually "
+        r"[0-9.]+x\): [0-9.]+ sigma > 6, min factor 3; applied 3 of 4 "
+        r"towers" % _S)
+    self.assertNotIn("halves", self.log)  # No loss scale, no overflow.
+
+  def testTheRecordNamesTheTower(self):
+    (record,) = skip_log.read(skip_log.path(self.train_dir, 0))
+    self.assertEqual((_S, "tower_outlier", "tower"),
+                     (record["step"], record["reason"], record["unit"]))
+    self.assertEqual([2], record["tower_outlier"]["towers"])
+    self.assertEqual(["/device:CPU:2"], record["tower_outlier"]["devices"])
+    self.assertEqual([False, False, True, False],
+                     [t["outlier"] for t in record["towers"]])
+    self.assertEqual([False] * 4, [t["nonfinite"] for t in record["towers"]])
+    self.assertNotIn("replay", record)  # Finite: nothing to replay.
+    self.assertEqual("tower_outlier (finite; not replayed)",
+                     record["verdict"])
+
+  def testCountedInTheSummaryTensorBoardAndTheCheckpoint(self):
+    summary = self.summary
+    self.assertEqual((_S + 2, 0), (summary["applied_steps"],
+                                   summary["skipped_steps"]))
+    self.assertEqual([0, 0, 1, 0], summary["tower_outlier_by_tower"])
+    self.assertEqual([0, 0, 1, 0], summary["rejected_by_tower"])
+    self.assertEqual([0, 0, 0, 0], summary["nonfinite_steps_by_tower"])
+    self.assertEqual({}, summary["forensics"]["suspect_devices"])
+    scalars = event_files.last_scalars(self.train_dir,
+                                       "skips/tower_outlier_tower_")
+    self.assertEqual({"skips/tower_outlier_tower_%d" % i: float(i == 2)
+                      for i in range(4)}, scalars)
+    reader = tf1.train.load_checkpoint(self.train_dir)
+    self.assertEqual([0, 0, 1, 0],
+                     list(reader.get_tensor("tower_outlier_by_tower")))
+
+
+if __name__ == "__main__":
+  tf.test.main()
