@@ -21,6 +21,7 @@ from tests.fixtures import forensics_params
 from tests.fixtures import run_logs
 from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import tower_outliers
+from tf1_safe_train.trainer.explain import offline_replay
 from tf1_safe_train.trainer.explain import outlier_replay
 from tf1_safe_train.trainer.explain import replay_lib
 from tf1_safe_train.trainer.inputs import exclusion
@@ -100,6 +101,16 @@ class OutlierVerdictTest(tf.test.TestCase):
     dropped, summary = exclusion.excluded(self.input_dir)
     self.assertEqual(sorted(ids), dropped)
     self.assertEqual({"reproducible_batch": len(ids)}, summary["by_reason"])
+
+  def testReplayedAfterTheRunAlikeByReplayBinarysLibrary(self):
+    record, explained, line = offline_replay.replay_recorded(
+        self.input_dir, _INPUT_STEP)
+    self.assertEqual(record["verdict"], explained["verdict"])
+    # The saved state is the one the run's replay saw: the same norms.
+    self.assertAllClose(record["replay"]["grad_norm"],
+                        explained["replay"]["grad_norm"], rtol=1e-4)
+    self.assertStartsWith(line, "step %d tower 2: batch (examples [" %
+                          _INPUT_STEP)
 
   def testInputOutlierIsNeverCountedTowardTheQuarantine(self):
     forensics = self.input_summary["forensics"]
