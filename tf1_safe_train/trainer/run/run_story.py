@@ -117,6 +117,12 @@ def _criteria(params, criteria):
       phrase = "spike: gradient norm%s over %g sigma (after %d steps)" % (
           " or loss" if params.skip_loss_spikes else "",
           params.skip_spikes_sigma, params.spike_warmup_steps)
+    elif name == "tower_outlier" and params.skip_tower_outliers:
+      phrase = ("tower_outlier: a tower's gradient norm against the "
+                "others' over %g sigma and %gx (after %d steps)" % (
+                    params.skip_tower_outliers,
+                    params.skip_tower_outliers_min_factor,
+                    params.skip_tower_outliers_warmup_steps))
     else:
       phrase = name
     words.append(phrase + (story.DRY_RUN
