@@ -162,6 +162,19 @@ class JudgeTest(tf.test.TestCase):
         criterion, dict(values, usual=[1.0, 2.0],
                         ratio=[1.0, 20.0]), 1))
 
+  def testNamedIsTheFarthestOfSeveralAndNoneOfNone(self):
+    # 3 towers, tower 2 scaled: the other two's median is their mean, so
+    # tower 0 (built position 0) strays too, less far.
+    criterion = tower_outliers.TowerOutliers(6.0)
+    criterion.outlier_towers = lambda values: [0, 3]
+    values = {"usual": [1.0, 1.0, 1.0], "ratio": [0.3, 1.0, 9.0],
+              "sigmas": [8.0, 0.5, 30.0]}
+    tower, band = outlier_replay.named(criterion, values, [0, 1, 3])
+    self.assertEqual(3, tower)
+    self.assertAllClose((1 / 3.0, 3.0), band)
+    criterion.outlier_towers = lambda values: []
+    self.assertIsNone(outlier_replay.named(criterion, values, [0, 1, 3]))
+
   def testOutsideTheBandWithAgreeingOthersIsTheData(self):
     self.assertEqual(
         (replay_lib.REPRODUCIBLE, True, True),

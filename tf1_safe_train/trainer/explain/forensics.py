@@ -8,8 +8,10 @@ batch_hash, variables), replay, verdict, seconds; a skip for another reason
 (its criterion's label, e.g. "spike"), or a dry-run criterion's would-be
 skip ("dry_run", on an applied step), has the criterion's values instead of
 a replay (but for a tower --skip_unit=tower left out for a NaN/Inf in that
-step: replayed as any non-finite fault, the record has both reasons). It
-logs one line and writes a TensorBoard text and scalar.
+step: replayed as any non-finite fault, the record has both reasons; and
+for a tower --skip_tower_outliers named: replayed for its gradient norm,
+`outlier_replay`). It logs one line and writes a TensorBoard text and
+scalar.
 
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
 turn the run into a replay loop); a skip past the limit still gets its
@@ -174,19 +176,21 @@ class ForensicsHook(core_hooks.GatedHook):
     """Sets the record's verdict (a fault's: replayed); returns its line."""
     step, reason = record["step"], record["reason"]
     scale = record.get("loss_scale")
-    outlier = self._outlier(reason, offending, criteria)
-    if outlier is not None:  # Finite: replayed for its norm (data/device).
+    # A tower --skip_tower_outliers named (no NaN/Inf tower in the step),
+    # if its replay was built (3 towers or more): replayed for its norm.
+    outlier = (outlier_replay.named(self._outliers, criteria["values"][
+        reason], self._built) if reason == OUTLIER and not offending and
+               self._outlier_replays else None)
+    if outlier is not None:
+      tower, band = outlier
       record.update(skip_report.criterion_fields(self._reasons, reason,
                                                  criteria))
-      if self._past_limit(outlier):
+      if self._past_limit(tower):
         record["verdict"] = NOT_EXPLAINED
-        return "step %d tower %d: %s" % (step, outlier, NOT_EXPLAINED)
-      band = outlier_replay.band(
-          self._outliers, criteria["values"][reason], self._built.index(
-              outlier))
-      return self._replay(run_context, record, outlier, batches,
+        return "step %d tower %d: %s" % (step, tower, NOT_EXPLAINED)
+      return self._replay(run_context, record, tower, batches,
                           lambda session: outlier_replay.explain(
-                              session, self._forensics, outlier, batches,
+                              session, self._forensics, tower, batches,
                               band, scale, self._name))
     if reason != reasons_lib.NONFINITE and not offending:
       # (The non-finite criterion comes first: a NaN step is labelled so;
@@ -212,19 +216,6 @@ class ForensicsHook(core_hooks.GatedHook):
                               session, self._forensics, offending[0],
                               batches[offending[0]], scale, flags))
     return "step %d: %s" % (step, record["verdict"])
-
-  def _outlier(self, reason, offending, criteria):
-    """The tower --skip_tower_outliers named in a step with no NaN/Inf
-    tower (it left it out, or skipped the step for it), if its replay was
-    built (3 towers or more), else None."""
-    if reason != OUTLIER or offending or not self._outlier_replays:
-      return None
-    values = criteria["values"][reason]
-    named = self._outliers.outlier_towers(values)
-    # Several named: the farthest from its usual ratio.
-    sigmas = np.reshape(values["sigmas"], [-1])
-    return max(named, key=lambda t: sigmas[self._built.index(t)],
-               default=None)
 
   def _past_limit(self, tower):
     """Whether `tower`'s fault gets no replay: --max_explained_skips

@@ -52,6 +52,24 @@ def band(criterion, values, position):
   return usual * math.exp(-width), usual * math.exp(width)
 
 
+def named(criterion, values, built):
+  """(tower, `band`) of the tower `criterion` (`core.tower_outliers`)
+  named in a step, the farthest from its usual ratio if it named several,
+  or None if it named none (2 towers: it names none).
+
+  Args:
+    criterion: the step's `tower_outliers.TowerOutliers`.
+    values: its fetched values of the step.
+    built: the built towers' indices (the values' positions).
+  """
+  towers = criterion.outlier_towers(values)
+  if not towers:
+    return None
+  sigmas = np.reshape(values["sigmas"], [-1])
+  tower = max(towers, key=lambda t: sigmas[built.index(t)])
+  return tower, band(criterion, values, built.index(tower))
+
+
 def ratio(norm, median):
   """`norm` / `median` (inf for a median of 0 under a norm above it)."""
   if median > 0:
