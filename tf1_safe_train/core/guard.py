@@ -98,8 +98,9 @@ Attributes:
     `rollback`).
   loss: the step's loss for the criteria (`criteria.Context.loss`), or a
     function building it (called only if a criterion reads it).
-  tower_values: optional dict of per-tower tensors for the criteria
-    (`criteria.Context.towers`).
+  tower_values: optional dict of per-tower values for the criteria
+    (`criteria.Context.towers`: tensors, functions building them, or
+    Python data such as the towers' devices).
   name: name scope of the step's ops.
 """
 

@@ -71,8 +71,10 @@ class TowerOutliers(criteria.Criterion):
     self.config = TowerOutlierConfig.of(config)
     self.dry_run = self.config.dry_run
     self.leave_out = False  # Set by a step that leaves outliers out.
-    self._judged = None
+    self._judged = None  # The step's verdicts (`judge`), built once.
     self._state = None
+    # The judged towers' indices and devices, for the reports' words.
+    self._indices, self._devices = [], []
 
   def _variables_for(self, num_towers):
     """The state (made once, at the graph's root): applied steps seen, the
