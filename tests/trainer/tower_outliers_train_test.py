@@ -57,9 +57,10 @@ class TowerOutliersTrainTest(tf.test.TestCase):
     self.assertEqual([False, False, True, False],
                      [t["outlier"] for t in record["towers"]])
     self.assertEqual([False] * 4, [t["nonfinite"] for t in record["towers"]])
-    self.assertNotIn("replay", record)  # Finite: nothing to replay.
-    self.assertEqual("tower_outlier (finite; not replayed)",
-                     record["verdict"])
+    # Its gradients' drill (the device's) does not come back on replay
+    # (`outlier_replay`; tests/trainer/explain/outlier_replay_test.py).
+    self.assertEqual((2, "not reproducible: suspect /device:CPU:2"),
+                     (record["replay"]["tower"], record["verdict"]))
 
   def testCountedInTheSummaryTensorBoardAndTheCheckpoint(self):
     summary = self.summary
@@ -68,7 +69,8 @@ class TowerOutliersTrainTest(tf.test.TestCase):
     self.assertEqual([0, 0, 1, 0], summary["tower_outlier_by_tower"])
     self.assertEqual([0, 0, 1, 0], summary["rejected_by_tower"])
     self.assertEqual([0, 0, 0, 0], summary["nonfinite_steps_by_tower"])
-    self.assertEqual({}, summary["forensics"]["suspect_devices"])
+    self.assertEqual({"/device:CPU:2": 1},
+                     summary["forensics"]["suspect_devices"])
     scalars = event_files.last_scalars(self.train_dir,
                                        "skips/tower_outlier_tower_")
     self.assertEqual({"skips/tower_outlier_tower_%d" % i: float(i == 2)

@@ -8,8 +8,10 @@ batch_hash, variables), replay, verdict, seconds; a skip for another reason
 (its criterion's label, e.g. "spike"), or a dry-run criterion's would-be
 skip ("dry_run", on an applied step), has the criterion's values instead of
 a replay (but for a tower --skip_unit=tower left out for a NaN/Inf in that
-step: replayed as any non-finite fault, the record has both reasons). It
-logs one line and writes a TensorBoard text and scalar.
+step: replayed as any non-finite fault, the record has both reasons; and
+for a tower --skip_tower_outliers named: replayed for its gradient norm,
+`outlier_replay`). It logs one line and writes a TensorBoard text and
+scalar.
 
 Replays are rate-limited (`max_explained`, per run: a skip streak must not
 turn the run into a replay loop); a skip past the limit still gets its
@@ -38,6 +40,7 @@ from tf1_safe_train.core import skip_log
 from tf1_safe_train.core import skip_report
 from tf1_safe_train.core import tower_outliers
 from tf1_safe_train.trainer.inputs import batch_store
+from tf1_safe_train.trainer.explain import outlier_replay
 from tf1_safe_train.trainer.explain import replay_lib
 from tf1_safe_train.trainer.explain import skip_states
 from tf1_safe_train.trainer.explain import verdict_counts
@@ -113,6 +116,10 @@ class ForensicsHook(core_hooks.GatedHook):
     self._outliers = next((c for c in (step.reasons.criteria if step.reasons
                                        else []) if c.reason == OUTLIER and
                            not c.dry_run), None)
+    # Its outliers replayed (`outlier_replay`): their norms were built.
+    self._built = [t.index for t in self._forensics.towers if t is not None]
+    self._outlier_replays = bool(self._outliers) and all(
+        self._forensics.towers[t].grad_norm is not None for t in self._built)
     self._names = list(report.variable_names)
     self._devices = list(report.tower_devices)
     self._params = params
@@ -174,6 +181,22 @@ class ForensicsHook(core_hooks.GatedHook):
     """Sets the record's verdict (a fault's: replayed); returns its line."""
     step, reason = record["step"], record["reason"]
     scale = record.get("loss_scale")
+    # A tower --skip_tower_outliers named (no NaN/Inf tower in the step),
+    # if its replay was built (3 towers or more): replayed for its norm.
+    outlier = (outlier_replay.named(self._outliers, criteria["values"][
+        reason], self._built) if reason == OUTLIER and not offending and
+               self._outlier_replays else None)
+    if outlier is not None:
+      tower, band = outlier
+      record.update(skip_report.criterion_fields(self._reasons, reason,
+                                                 criteria))
+      if self._past_limit(tower):
+        record["verdict"] = NOT_EXPLAINED
+        return "step %d tower %d: %s" % (step, tower, NOT_EXPLAINED)
+      return self._replay(run_context, record, tower, batches,
+                          lambda session: outlier_replay.explain(
+                              session, self._forensics, tower, batches,
+                              band, scale, self._name))
     if reason != reasons_lib.NONFINITE and not offending:
       # (The non-finite criterion comes first: a NaN step is labelled so;
       # a tower left out for a NaN is no reason of the decision, so a
@@ -189,21 +212,28 @@ class ForensicsHook(core_hooks.GatedHook):
     elif not offending:
       # E.g. sync replicas: another worker's gradients were non-finite.
       record["verdict"] = "no tower of this worker was non-finite"
-    elif self.explained >= self._max_explained and not (
-        self._quarantine and self._quarantine.wants_replay(offending[0])):
+    elif self._past_limit(offending[0]):
       record["verdict"] = NOT_EXPLAINED
       return "step %d tower %d: %s" % (step, offending[0], NOT_EXPLAINED)
     else:
-      return self._replay(run_context, record, offending[0], batches, flags)
+      return self._replay(run_context, record, offending[0], batches,
+                          lambda session: replay_lib.explain(
+                              session, self._forensics, offending[0],
+                              batches[offending[0]], scale, flags))
     return "step %d: %s" % (step, record["verdict"])
 
-  def _replay(self, run_context, record, tower, batches, flags):
-    """Replays `tower`'s batch, saves the state for //:replay; its line."""
+  def _past_limit(self, tower):
+    """Whether `tower`'s fault gets no replay: --max_explained_skips
+    reached, and no --quarantine_after replay is due to it."""
+    return self.explained >= self._max_explained and not (
+        self._quarantine and self._quarantine.wants_replay(tower))
+
+  def _replay(self, run_context, record, tower, batches, explain):
+    """Replays `tower`'s fault (`explain(session)`: `replay_lib.explain`'s
+    parts), saves the state for //:replay; its line."""
     self.explained += 1
     session, step = run_context.session, record["step"]
-    scale = record.get("loss_scale")
-    explained = replay_lib.explain(session, self._forensics, tower,
-                                   batches[tower], scale, flags)
+    explained = explain(session)
     record.update(explained)
     replayed = record["replay"]
     replayed["input_examples"] = [self._name(i)
@@ -231,8 +261,8 @@ class ForensicsHook(core_hooks.GatedHook):
     if (record.get("verdict") == replay_lib.MODEL and
         self._on_model is not None and self._on_model(run_context, step)):
       self.model_fault = step
-    self._summarize(step, text, "replay" in record and not record["replay"][
-        "finite"], record["seconds"])
+    self._summarize(step, text, bool(record.get("reproduced")),
+                    record["seconds"])
 
   def _both_reasons(self, record, reason, criteria, text):
     """A finite criterion's skip (a spike) of a step whose towers

@@ -4,7 +4,8 @@ An explained skip saved `<train_dir>/skips/step-N-K/` (`forensics`,
 `skip_states`): the state the step saw (exact: a skip moves nothing), every
 tower's batch and the run's params; each file is checked when read. `replay_recorded` rebuilds the step's graph from those params
 on this machine (towers on devices that do not exist fall back to the CPU),
-restores that state and replays the recorded tower's batch as the run did.
+restores that state and replays the recorded tower's batch as the run did
+(an outlier's, `outlier_replay`, for its norm against the other batches').
 """
 
 import json
@@ -16,6 +17,7 @@ from tf1_safe_train.core import skip_log
 from tf1_safe_train.trainer.explain import forensics
 from tf1_safe_train.trainer.run import local_replication
 from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.explain import outlier_replay
 from tf1_safe_train.trainer.explain import replay_lib
 from tf1_safe_train.trainer.tower import towers
 from tf1_safe_train.trainer.step import train_step
@@ -167,6 +169,11 @@ def replay_recorded(train_dir, step, worker=0, number=0):
       session.run(tf1.local_variables_initializer())
       built.forensics.saver.restore(
           session, os.path.join(directory, forensics.CHECKPOINT_PREFIX))
-      explained = replay_lib.explain(session, built.forensics, tower,
-                                     batches[tower], scale)
+      band = (record.get("replay") or {}).get("band")
+      if band:  # An outlier's: its norm against the other batches'.
+        explained = outlier_replay.explain(session, built.forensics, tower,
+                                           batches, band, scale)
+      else:
+        explained = replay_lib.explain(session, built.forensics, tower,
+                                       batches[tower], scale)
   return record, explained, replay_lib.line(step, explained)

@@ -59,7 +59,8 @@ def can_replay(params):
 
 
 TowerProbe = collections.namedtuple("TowerProbe", [
-    "index", "device", "images", "labels", "loss", "probe", "fault_feeds"])
+    "index", "device", "images", "labels", "loss", "probe", "fault_feeds",
+    "grad_norm"], defaults=(None,))
 TowerProbe.__doc__ = """One tower's replay: its probe and what it is fed.
 
 Attributes:
@@ -70,14 +71,21 @@ Attributes:
     step built without probes (`can_replay` false): the tower's loss and
     input are still recorded, but `explain` refuses to replay it.
   fault_feeds: feeds that disable the drill's in-step faults of the tower.
+  grad_norm: its gradients' global norm (`core.norms`), fetched only by an
+    outlier's replay (`outlier_replay`), or None (not built: no
+    --skip_tower_outliers).
 """
 
 
 def tower_probe(index, device, images, labels, loss, grads_and_vars,
-                tower_drill, build_probe=True):
+                tower_drill, build_probe=True, grad_norm=None):
   """Tower `index`'s `TowerProbe` (call in the tower's device and scope);
-  its probe is built only if `build_probe`, else None."""
-  faults = tower_drill.in_step_faults()
+  its probe is built only if `build_probe`, else None (and `grad_norm`,
+  the tower's gradient norm an outlier's replay fetches, dropped)."""
+  # (A drill's flag that is a constant, e.g. the NaN flag of a tower with
+  # only scale rules, cannot be fed: `poison` read its static value.)
+  faults = {k: v for k, v in tower_drill.in_step_faults().items()
+            if k.graph.is_feedable(k)}
   if not build_probe:
     return TowerProbe(index, device, images, labels, loss, None, faults)
   grads = []
@@ -89,7 +97,8 @@ def tower_probe(index, device, images, labels, loss, grads_and_vars,
   # The drill's flags are inputs too: the walk stops there, so its NaN
   # constants (inactive on replay) are not taken for the first fault.
   probe = replay.Probe([images, labels] + list(faults), [loss] + grads)
-  return TowerProbe(index, device, images, labels, loss, probe, faults)
+  return TowerProbe(index, device, images, labels, loss, probe, faults,
+                    grad_norm)
 
 
 class Forensics(object):

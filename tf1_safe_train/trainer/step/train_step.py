@@ -29,6 +29,7 @@ import tensorflow as tf
 from tf1_safe_train.core import criterion_registry
 from tf1_safe_train.core import loss_scale as loss_scale_lib
 from tf1_safe_train.core import nonfinite
+from tf1_safe_train.core import norms
 from tf1_safe_train.core import optimizer as optimizer_lib
 from tf1_safe_train.core import tower_outliers
 from tf1_safe_train import models
@@ -150,6 +151,9 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
                                         skip_batches)
   devices = strategy.tower_devices()
   probes = {}
+  # An outlier named (3 towers or more) gets a replay of its own.
+  replay_outliers = (replays and outliers is not None and
+                     not outliers.dry_run and num_towers >= 3)
 
   def tower_fn(i):
     tower_drill = drill.tower(step_index, i, strategy.worker_index)
@@ -157,9 +161,12 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
     loss, grads_and_vars = tower_loss.tower_loss_and_grads(
         params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
         scale)
-    probes[i] = replay_lib.tower_probe(i, devices[i], images, labels, loss,
-                                       grads_and_vars, tower_drill,
-                                       build_probe=replays)
+    probes[i] = replay_lib.tower_probe(
+        i, devices[i], images, labels, loss, grads_and_vars, tower_drill,
+        build_probe=replays,
+        # What an outlier's replay fetches (`outlier_replay`); no step does.
+        grad_norm=norms.fused_global_norm([g for g, _ in grads_and_vars])
+        if replay_outliers else None)
     # Good steps pay for the decision only: the averaged gradients' checks
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
