@@ -3,8 +3,9 @@
 Every tower computes a gradient of the same model on a batch of the same
 distribution; a finite fault of one tower (a flipped exponent bit, a wrong
 accumulation) shows as its norm's log-ratio to the median of the *other*
-towers straying from that ratio's own running history, by more than K of
-its running standard deviations and by at least a minimum factor. With 3
+towers (with 3 towers, to the nearest other one) straying from that
+ratio's own running history, by more than K of its running standard
+deviations and by at least a minimum factor. With 3
 or more towers the outlier is named and (`--skip_unit=tower`) left out of
 the average like a NaN tower, or its step skipped; with 2 the ratio
 log(n0/n1) is watched and a step whose towers disagree is skipped (which
@@ -46,13 +47,22 @@ def tower_norms(tower_grads):
   return lambda: tf.stack([norms.fused_global_norm(g) for g in tower_grads])
 
 
-def _median_of_others(x):
-  """[n]: for each i, the median of x without x[i] (n >= 3)."""
+def _others_reference(x):
+  """[n]: for each i, what x[i] is compared with among the other towers
+  (n >= 3): their median with 4 towers or more; with 3, the other tower
+  nearest to x[i]. (The median of two is their mean, which one bad tower
+  drags along: a healthy tower's distance to it would stray as much as the
+  bad one's. A healthy tower's nearest other is the other healthy one; the
+  bad tower's nearest is still a healthy one.)"""
   n = int(x.shape[0])
   others = np.array([[j for j in range(n) if j != i] for i in range(n)])
+  gathered = tf.gather(x, others)
+  if n == 3:
+    nearest = tf.argmin(tf.abs(gathered - x[:, None]), axis=1)
+    return tf.gather(gathered, nearest, axis=1, batch_dims=1)
   middle = sorted({(n - 2) // 2, (n - 1) // 2})
   # Sorted ascending by top_k of the negated (one sort for every tower).
-  ranked = -tf.math.top_k(-tf.gather(x, others), k=n - 1, sorted=True).values
+  ranked = -tf.math.top_k(-gathered, k=n - 1, sorted=True).values
   return tf.reduce_mean(tf.gather(ranked, middle, axis=1), axis=1)
 
 
@@ -127,7 +137,7 @@ class TowerOutliers(criteria.Criterion):
       # A NaN/Inf or zero norm is no statistic: the step is not judged.
       valid = tf.reduce_all(tf.math.is_finite(x))
       if n >= 3:
-        slots, r = indices, x - _median_of_others(x)
+        slots, r = indices, x - _others_reference(x)
       else:
         slots, r = indices[:1], x[:1] - x[1:]
       mean = tf.gather(state["mean"].read_value(), slots)

@@ -272,6 +272,19 @@ class OutlierTowerTest(tf.test.TestCase):
     out = run.run()
     self.assertEqual([0, 0, 1, 0], list(out["totals"]["rejected_by_tower"]))
 
+  def testWithThreeTowersOnlyTheScaledOneIsLeftOut(self):
+    # Regression: the median of the other two towers is their mean, which
+    # the 10x tower drags up, so a healthy tower's ratio to it strayed too
+    # (tower 0 named as well: two of three left out, the step skipped).
+    run = self._run(num_towers=3, inject_nonfinite="scale10@%d:2" % self._S)
+    before, out = self._step_s(run)
+    self.assertTrue(out["applied"])
+    self.assertEqual([0, 0, 1], list(out["totals"]["rejected_by_tower"]))
+    self.assertEqual([0, 0, 1],
+                     list(out["totals"]["tower_outlier_by_tower"]))
+    self.assertEqual(_bits(self._average_of(run, before, out, (0, 1))),
+                     _bits(run.state()["weights"]))
+
   def testWithoutTheCriterionTheSameRunAppliesAllFour(self):
     run = self._run(skip_tower_outliers=0.0,
                     inject_nonfinite="scale10@%d:2" % self._S)
