@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -56,6 +57,10 @@ _PARTS = collections.OrderedDict([
       "train_op", "applied_update", "any_nonfinite", "IsFinite")),
     ("summaries", ("summar",)),
 ])
+
+
+_LABEL_OP_TYPE = re.compile(r" = (\w+)\(")
+_APPLY_OPS = ("ResourceApply", "Apply", "ResourceSparseApply")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +175,10 @@ class _Driver(tf1.train.SessionRunHook):
     self._steps += 1
     if self._steps < config.warmup_steps:
       return
-    if self._start is not None and (
-        self._steps - config.warmup_steps) % config.steps_per_block == 0:
+    if self._start is None:  # The end of the warm-up: the first block.
+      self._begin_block()
+      return
+    if (self._steps - config.warmup_steps) % config.steps_per_block == 0:
       self._record(TRAIN, self._start)
       for i in self._rng.permutation(len(self._side)):
         name = list(self._side)[i]
@@ -183,6 +190,9 @@ class _Driver(tf1.train.SessionRunHook):
         self.timing = False
         run_context.request_stop()
         return
+      self._begin_block()
+
+  def _begin_block(self):
     self.timing = True
     self._start = (time.perf_counter(), time.process_time())
 
@@ -219,9 +229,12 @@ def _trace(session, fetches):
   nodes = collections.Counter()
   for device in metadata.step_stats.dev_stats:
     for node in device.node_stats:
-      part = next((p for p, marks in _PARTS.items()
-                   if any(m in node.node_name for m in marks)),
-                  "model and optimizer")
+      match = _LABEL_OP_TYPE.search(node.timeline_label)
+      part = "model and optimizer"
+      # The optimizer's own update runs inside the guard's apply branch.
+      if not (match and match.group(1).startswith(_APPLY_OPS)):
+        part = next((p for p, marks in _PARTS.items()
+                     if any(m in node.node_name for m in marks)), part)
       seconds[part] += node.all_end_rel_micros * 1e-6
       nodes[part] += 1
   return seconds, nodes
