@@ -17,6 +17,7 @@ from the process's CPU time and, for the graph's parts, from step stats
 
 import collections
 import dataclasses
+import json
 import os
 import platform
 import re
@@ -221,9 +222,9 @@ def _build_side(model, num_towers, config):
   return side
 
 
-def _trace(session, fetches):
-  """(op seconds per part, nodes per part) of one traced step (the
-  reference's parts are all "model and optimizer")."""
+def _trace(session, fetches, parts=True):
+  """(op seconds per part, nodes per part) of one traced step (without
+  `parts`, every node is "model and optimizer": a reference's)."""
   metadata = executed_ops.trace_run(session, fetches)
   seconds = collections.Counter()
   nodes = collections.Counter()
@@ -232,7 +233,7 @@ def _trace(session, fetches):
       match = _LABEL_OP_TYPE.search(node.timeline_label)
       part = "model and optimizer"
       # The optimizer's own update runs inside the guard's apply branch.
-      if not (match and match.group(1).startswith(_APPLY_OPS)):
+      if parts and not (match and match.group(1).startswith(_APPLY_OPS)):
         part = next((p for p, marks in _PARTS.items()
                      if any(m in node.node_name for m in marks)), part)
       seconds[part] += node.all_end_rel_micros * 1e-6
@@ -246,7 +247,8 @@ def _traces(side, repeats=3):
   for name, (session, _, fetches) in side.items():
     if fetches is None:
       continue
-    runs = [_trace(session, fetches) for _ in range(repeats)]
+    runs = [_trace(session, fetches, parts=name == STEP)
+            for _ in range(repeats)]
     parts = set().union(*[s for s, _ in runs])
     traces[name] = {
         "op_seconds": {p: float(np.median([s[p] for s, _ in runs]))
@@ -282,11 +284,18 @@ def measure(model, num_towers, config, log_fn=print):
   times = {name: timing.BlockTimes(*t) for name, t in driver.times.items()}
   summary = timing.summarize(times, REFERENCE, config.steps_per_block)
   steps = len(driver.times[TRAIN][0]) * config.steps_per_block
-  log_fn("end_to_end: %s, %d tower(s) measured" % (model, num_towers))
-  return {"timing": summary, "traces": traces,
+  result = {"timing": summary, "traces": traces,
           "hook_seconds_per_step": {k: v / steps
                                     for k, v in hook_seconds.items()},
           "examples_per_step": config.batch_size * num_towers}
+  log_fn("end_to_end: %s, %d tower(s): %s" % (model, num_towers, json.dumps(
+      {k: v for k, v in result.items() if k != "timing"})))
+  log_fn("end_to_end: %s, %d tower(s): ratios to the reference (wall, CPU): "
+         "%s" % (model, num_towers, ", ".join(
+             "%s %.3f %.3f" % (name, s["ratio_to_baseline"],
+                               s["cpu_ratio_to_baseline"])
+             for name, s in summary.items())))
+  return result
 
 
 def run(config, log_fn=print):
