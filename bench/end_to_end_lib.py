@@ -33,6 +33,7 @@ from bench import reference_loop
 from bench import timing
 from bench import towers_lib
 from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.inputs import tower_input
 from tf1_safe_train.trainer.run import local_replication
 from tf1_safe_train.trainer.run import train_lib
 from tf1_safe_train.trainer.tower import towers
@@ -217,7 +218,11 @@ def _build_side(model, num_towers, config):
                                   config.seed)
   side[STEP] = (step.session, step.step,
                 step.session.graph.get_operation_by_name("train_op"))
-  source = towers_lib.build_input(config.batch_size, num_towers, config.seed)
+  # As the trainer reads it (a default run reads an epoch or more).
+  source = towers_lib.build_input(
+      config.batch_size, num_towers, config.seed,
+      make_once=tower_input.reads_an_epoch(_train_params(
+          model, num_towers, config, "")))
   side[INPUT] = (source.session, source.step, None)
   return side
 
@@ -258,11 +263,15 @@ def _traces(side, repeats=3):
 
 
 def _train_params(model, num_towers, config, train_dir):
+  """`//:train`'s defaults but the model, towers, batch and seed; the
+  run stops when timed (`_Driver`), before its max_steps (its default, or
+  more if the timing needs them)."""
   return params_lib.TrainParams(
       model=model, num_towers=num_towers, device="cpu",
       batch_size=config.batch_size, seed=config.seed, train_dir=train_dir,
-      max_steps=config.warmup_steps + config.rounds * config.steps_per_block
-      + 1).validate()
+      max_steps=max(params_lib.TrainParams().max_steps,
+                    config.warmup_steps + config.rounds *
+                    config.steps_per_block + 1)).validate()
 
 
 def measure(model, num_towers, config, log_fn=print):
