@@ -121,7 +121,11 @@ class _TimedHook(tf1.train.SessionRunHook):
     self._add(start)
 
   def end(self, session):
+    # A checkpoint saver's end is the run's last save (a whole save, the
+    # meta graph as cached: what each periodic save costs).
+    start = time.perf_counter()
     self._hook.end(session)
+    self._seconds[self.name + ".end"] += time.perf_counter() - start
 
   def _add(self, start):
     if self._on():
@@ -222,7 +226,7 @@ def _build_side(model, num_towers, config):
   source = towers_lib.build_input(
       config.batch_size, num_towers, config.seed,
       make_once=tower_input.reads_an_epoch(_train_params(
-          model, num_towers, config, "")))
+          model, num_towers, config, "unused")))
   side[INPUT] = (source.session, source.step, None)
   return side
 
@@ -295,7 +299,11 @@ def measure(model, num_towers, config, log_fn=print):
   steps = len(driver.times[TRAIN][0]) * config.steps_per_block
   result = {"timing": summary, "traces": traces,
           "hook_seconds_per_step": {k: v / steps
-                                    for k, v in hook_seconds.items()},
+                                    for k, v in hook_seconds.items()
+                                    if not k.endswith(".end")},
+          "checkpoint_save_seconds": hook_seconds[
+              "CheckpointSaverHook.end"],
+          "save_checkpoints_steps": params.save_checkpoints_steps,
           "examples_per_step": config.batch_size * num_towers}
   log_fn("end_to_end: %s, %d tower(s): %s" % (model, num_towers, json.dumps(
       {k: v for k, v in result.items() if k != "timing"})))
@@ -369,9 +377,12 @@ def breakdown(result, steps_per_block):
       _median_seconds(t[STEP], "wall") / steps_per_block / ref_wall,
       _median_seconds(t[TRAIN], "cpu") / steps_per_block / ref_cpu -
       _median_seconds(t[STEP], "cpu") / steps_per_block / ref_cpu, None)
-  for hook, seconds in sorted(result["hook_seconds_per_step"].items(),
-                              key=lambda kv: -kv[1])[:6]:
+  hooks = result["hook_seconds_per_step"]
+  for hook, seconds in sorted(hooks.items(), key=lambda kv: -kv[1])[:6]:
     parts["  hook " + hook] = (seconds / ref_wall, None, None)
+  parts["  a checkpoint's save ÷ save_checkpoints_steps"] = (
+      result["checkpoint_save_seconds"] / result["save_checkpoints_steps"] /
+      ref_wall, None, None)
   return parts
 
 
