@@ -346,43 +346,59 @@ def _median_seconds(s, which):
   return float(np.median(s["block_%s_seconds" % which]))
 
 
+def _extra(s, key):
+  """A variant's extra time per step over the reference's, as a fraction of
+  it, from the paired median ratio (throughput) `key`."""
+  return 1.0 / s[key] - 1.0
+
+
+def _graph_parts(ops):
+  """The step graph's parts from step stats: part -> (op time, nodes), each
+  as a fraction of the reference's step."""
+  ref_ops = sum(ops[REFERENCE]["op_seconds"].values())
+  ref_nodes = sum(ops[REFERENCE]["nodes"].values())
+  step_ops, step_nodes = ops[STEP]["op_seconds"], ops[STEP]["nodes"]
+  parts = collections.OrderedDict()
+  for part in _PARTS:
+    parts["step graph: " + part] = (step_ops.get(part, 0.0) / ref_ops,
+                                    step_nodes.get(part, 0) / ref_nodes)
+  model = "model and optimizer"
+  parts["step graph: model and optimizer (step − reference_ps)"] = (
+      (step_ops.get(model, 0.0) -
+       sum(ops[REFERENCE_PS]["op_seconds"].values())) / ref_ops,
+      (step_nodes.get(model, 0) -
+       sum(ops[REFERENCE_PS]["nodes"].values())) / ref_nodes)
+  return parts, ref_nodes
+
+
 def breakdown(result, steps_per_block):
   """Each part of `//:train`'s step as a fraction of the reference's step:
-  an ordered dict part -> (wall fraction or None, CPU fraction or None,
-  step-stats fraction or None)."""
-  t = result["timing"]
-  ref_wall = _median_seconds(t[REFERENCE], "wall") / steps_per_block
-  ref_cpu = _median_seconds(t[REFERENCE], "cpu") / steps_per_block
-  extra = lambda name, which: (
-      _median_seconds(t[name], which) / steps_per_block /
-      (ref_wall if which == "wall" else ref_cpu) - 1.0)
+  an ordered dict part -> (wall, CPU, op time, nodes executed), each a
+  fraction or None (not measured that way)."""
+  t, ops = result["timing"], result["traces"]
+  graph, ref_nodes = _graph_parts(ops)
+  wall, cpu = "ratio_to_baseline", "cpu_ratio_to_baseline"
   parts = collections.OrderedDict()
   parts["variable placement (reference_ps − reference)"] = (
-      extra(REFERENCE_PS, "wall"), extra(REFERENCE_PS, "cpu"), None)
-  ops = result["traces"]
-  ref_ops = sum(ops[REFERENCE]["op_seconds"].values())
-  step_ops = ops[STEP]["op_seconds"]
-  for part in list(_PARTS) + ["model and optimizer"]:
-    share = step_ops.get(part, 0.0) / ref_ops
-    if part == "model and optimizer":
-      share = (step_ops.get(part, 0.0) -
-               sum(ops[REFERENCE_PS]["op_seconds"].values())) / ref_ops
-      part = "model and optimizer (step − reference_ps)"
-    parts["step graph: " + part] = (None, None, share)
-  parts["input pipeline threads (input alone)"] = (
-      None, _median_seconds(t[INPUT], "cpu") / steps_per_block / ref_cpu,
-      None)
+      _extra(t[REFERENCE_PS], wall), _extra(t[REFERENCE_PS], cpu), None,
+      sum(ops[REFERENCE_PS]["nodes"].values()) / ref_nodes - 1.0)
+  for part, (op_time, nodes) in graph.items():
+    parts[part] = (None, None, op_time, nodes)
+  parts["input pipeline threads (its CPU, alone)"] = (
+      None, _median_seconds(t[INPUT], "cpu") /
+      _median_seconds(t[REFERENCE], "cpu"), None, None)
   parts["runner: train − step (hooks, savers, MonitoredSession)"] = (
-      _median_seconds(t[TRAIN], "wall") / steps_per_block / ref_wall -
-      _median_seconds(t[STEP], "wall") / steps_per_block / ref_wall,
-      _median_seconds(t[TRAIN], "cpu") / steps_per_block / ref_cpu -
-      _median_seconds(t[STEP], "cpu") / steps_per_block / ref_cpu, None)
+      _extra(t[TRAIN], wall) - _extra(t[STEP], wall),
+      _extra(t[TRAIN], cpu) - _extra(t[STEP], cpu), None, None)
+  ref_wall = _median_seconds(t[REFERENCE], "wall") / steps_per_block
   hooks = result["hook_seconds_per_step"]
   for hook, seconds in sorted(hooks.items(), key=lambda kv: -kv[1])[:6]:
-    parts["  hook " + hook] = (seconds / ref_wall, None, None)
+    parts["  hook " + hook] = (seconds / ref_wall, None, None, None)
   parts["  a checkpoint's save ÷ save_checkpoints_steps"] = (
       result["checkpoint_save_seconds"] / result["save_checkpoints_steps"] /
-      ref_wall, None, None)
+      ref_wall, None, None, None)
+  parts["all: train − reference"] = (_extra(t[TRAIN], wall),
+                                     _extra(t[TRAIN], cpu), None, None)
   return parts
 
 
@@ -408,9 +424,9 @@ def markdown(results):
     parts = breakdown(r, config["steps_per_block"])
     out.append("Breakdown %s (fraction of the reference's step):\n\n" % name +
                timing.markdown_table(
-                   ["part", "wall", "CPU", "step stats (op time)"],
-                   [[p, fmt(w), fmt(c), fmt(s)]
-                    for p, (w, c, s) in parts.items()]))
+                   ["part", "wall", "CPU", "op time", "nodes executed"],
+                   [[p] + [fmt(x) for x in values]
+                    for p, values in parts.items()]))
   machine = results["machine"]
   out.append(
       "%d examples per tower per step, synthetic data; %d rounds x %d steps "
