@@ -93,20 +93,23 @@ def build_trainer(model, num_towers, batch_size, seed=0):
                batch_size * num_towers)
 
 
-def build_input(batch_size, batches_per_step, seed=0):
+def build_input(batch_size, batches_per_step, seed=0, make_once=False):
   """The trainer's input pipeline alone (no model), as the trainer builds it.
 
   Args:
     batch_size: examples per batch.
     batches_per_step: batches one `step` pulls (one `session.run` each).
     seed: shuffle seed.
+    make_once: the synthetic examples made once into a table (the
+      trainer's input for a run that reads an epoch: `tower_input`).
 
   Returns:
     A `Built`.
   """
   graph = tf.Graph()
   with graph.as_default(), tf.device("/device:CPU:0"):
-    dataset = data.get_dataset("synthetic", "train", batch_size, seed=seed)
+    dataset = data.get_dataset("synthetic", "train", batch_size, seed=seed,
+                               with_ids=True, make_once=make_once)
     batch = tf1.data.make_one_shot_iterator(dataset).get_next()
   graph.finalize()
   session = tf1.Session(graph=graph)
@@ -139,9 +142,10 @@ def run(config, log_fn=print):
     built[_name(n)] = build_trainer(config.model, n, config.batch_size,
                                     config.seed)
   # As many batches per step as the widest trainer pulls, so a block drains
-  # far more than the pipeline prefetches while the others run.
+  # far more than the pipeline prefetches while the others run. Made once,
+  # as the trainers' (their default max_steps read an epoch: `tower_input`).
   built[INPUT_ONLY] = build_input(config.batch_size, max(config.num_towers),
-                                  config.seed)
+                                  config.seed, make_once=True)
   log_fn("towers: built %s in %.1fs" % (", ".join(built), time.time() - start))
   try:
     times = timing.round_robin(

@@ -92,6 +92,36 @@ class SyntheticIdsTest(dataset_runs.GraphTestCase):
         sizes.append(len(functions[predicate].node_def))
     self.assertEqual(sizes[0], sizes[1])
 
+  def testMadeOnceGivesTheSameBatchesAndIdsPastAnEpoch(self):
+    # 210 batches of 50 with 7 excluded: past the end of the first epoch
+    # (each epoch reshuffled), where the table is read again.
+    kwargs = dict(with_ids=True, exclude_ids=[3, 9999, 4711, 5, 8, 13, 21])
+    made_once = self._columns(self._get("train", 50, make_once=True,
+                                        **kwargs), num_batches=210)
+    each_batch = self._columns(self._get("train", 50, **kwargs),
+                               num_batches=210)
+    for once, each in zip(made_once, each_batch):
+      self.assertAllEqual(once, each)
+    self.assertAllEqual(made_once[1], synthetic.labels("train")[made_once[2]])
+
+  def testMadeOnceMakesEachExampleOnceInIndexOrder(self):
+    # Before: every batch's examples were made from its shuffled ids.
+    with tf.Graph().as_default() as graph:
+      data.get_dataset("synthetic", "train", 8, with_ids=True,
+                       make_once=True)
+      types = {op.name: op for op in graph.get_operations()}
+      maps = [op for op in types.values()
+              if op.type.startswith("ParallelMapDataset")]
+    self.assertLen(maps, 1)
+    self.assertEqual("RangeDataset", maps[0].inputs[0].op.type)
+    self.assertIn("CacheDataset", [op.type for op in types.values()])
+
+  def testMadeOnceLeavesTheTestSplitAndCifarAsTheyAre(self):
+    with tf.Graph().as_default() as graph:
+      data.get_dataset("synthetic", "test", 8, make_once=True)
+      self.assertNotIn("CacheDataset",
+                       [op.type for op in graph.get_operations()])
+
   def testDefaultsAddNoFilter(self):
     with tf.Graph().as_default() as graph:
       data.get_dataset("synthetic", "train", 8, with_ids=True)

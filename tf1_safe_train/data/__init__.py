@@ -56,7 +56,7 @@ def num_examples(name, split, data_dir=None):
 
 def get_dataset(name, split, batch_size, data_dir=None, seed=0,
                 num_parallel_calls=tf.data.AUTOTUNE, with_ids=False,
-                exclude_ids=()):
+                exclude_ids=(), make_once=False):
   """Returns the batched input pipeline of a split.
 
   Args:
@@ -77,6 +77,9 @@ def get_dataset(name, split, batch_size, data_dir=None, seed=0,
       the example is decoded or made; the stream stays deterministic for a
       seed (for cifar10 the other examples keep their augmentation). Ids that
       name no example of the split are ignored.
+    make_once: synthetic train split only (ignored otherwise): make each
+      example once into a table in memory and gather the batches from it
+      (the same batches; see `synthetic.dataset`).
 
   Returns:
     A `tf.data.Dataset` of (images float32 [batch_size, 32, 32, 3], labels
@@ -112,7 +115,8 @@ def get_dataset(name, split, batch_size, data_dir=None, seed=0,
   if name == "synthetic":
     dataset = synthetic.dataset(split, batch_size, seed=seed,
                                 num_parallel_calls=num_parallel_calls,
-                                with_ids=with_ids, exclude_ids=excluded)
+                                with_ids=with_ids, exclude_ids=excluded,
+                                make_once=make_once)
   else:
     dataset = cifar10.dataset(data_dir, split, batch_size, seed=seed,
                               num_parallel_calls=num_parallel_calls,

@@ -122,7 +122,7 @@ def examples(split, num_parallel_calls=tf.data.AUTOTUNE):
 
 
 def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE,
-            with_ids=False, exclude_ids=()):
+            with_ids=False, exclude_ids=(), make_once=False):
   """Returns batches of `split`; train shuffles and repeats forever.
 
   An example's id is its index in the split (`examples(split)` yields it at
@@ -137,6 +137,12 @@ def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE,
     with_ids: whether the batches end with the examples' ids.
     exclude_ids: sorted int64 array (`example_ids.normalize`) of indices
       dropped before their examples are made; the others keep their order.
+    make_once: (train) make every example of the split once, in index
+      order, into a table kept in memory (123 MB for train), and gather each
+      batch from it by its ids: the same batches, a few microseconds of CPU
+      each instead of milliseconds, after a first batch that waits for the
+      whole split (about 1.3 s of CPU). Worth it for a run that reads at
+      least an epoch.
 
   Returns:
     A `tf.data.Dataset` of (images float32 [batch_size, 32, 32, 3], labels
@@ -152,6 +158,10 @@ def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE,
                               reshuffle_each_iteration=True).repeat()
   if len(exclude_ids):
     indices = indices.filter(example_ids.keep_fn(exclude_ids))
+  if make_once and split == "train":
+    ds = _gathered(split, indices.batch(batch_size, drop_remainder=True),
+                   num_parallel_calls, with_ids)
+    return ds.prefetch(tf.data.AUTOTUNE)
   example = _example_fn(split)
   if with_ids:
     make = lambda index: example(index) + (index,)
@@ -159,3 +169,17 @@ def dataset(split, batch_size, seed=0, num_parallel_calls=tf.data.AUTOTUNE,
     make = example
   ds = indices.map(make, num_parallel_calls=num_parallel_calls)
   return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _gathered(split, id_batches, num_parallel_calls, with_ids):
+  """`id_batches` made into batches gathered from the table of every
+  example of `split` (made once, in index order: row i is example i)."""
+  table = examples(split, num_parallel_calls).batch(
+      NUM_EXAMPLES[split]).cache().repeat()
+
+  def gather(ids, rows):
+    images, labels = rows
+    batch = (tf.gather(images, ids), tf.gather(labels, ids))
+    return batch + (ids,) if with_ids else batch
+
+  return tf.data.Dataset.zip((id_batches, table)).map(gather)

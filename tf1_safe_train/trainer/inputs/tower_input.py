@@ -26,6 +26,16 @@ INPUT_DEVICE = "/device:CPU:0"
 EXAMPLE_IDS_COLLECTION = "tf1_safe_train_example_ids"
 
 
+def reads_an_epoch(params):
+  """Whether a run of `params` reads at least as many examples as its
+  synthetic train split holds: then making each example once, up front
+  (`synthetic.dataset`'s `make_once`), costs less than making each batch's
+  (a short run, e.g. a test's, would wait for the whole split)."""
+  return (params.dataset == "synthetic" and
+          params.max_steps * params.batch_size * params.num_towers >=
+          data.num_examples("synthetic", "train"))
+
+
 def _iterator(params, worker_index, dataset_fn, exclude_ids, skip_batches):
   """The iterator of (images, labels, example ids) batches, past the first
   `skip_batches` (read by an earlier segment of the process: `segments`)."""
@@ -35,7 +45,8 @@ def _iterator(params, worker_index, dataset_fn, exclude_ids, skip_batches):
     if dataset_fn is None:
       dataset = data.get_dataset(params.dataset, "train", params.batch_size,
                                  data_dir=params.data_dir, seed=seed,
-                                 with_ids=True, exclude_ids=exclude_ids)
+                                 with_ids=True, exclude_ids=exclude_ids,
+                                 make_once=reads_an_epoch(params))
     else:
       dataset = data.exclude(data.with_ids(dataset_fn(params.batch_size,
                                                        seed)),
