@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tf1_safe_train.cluster import ps_watch
 from tf1_safe_train.cluster import replicas
+from tf1_safe_train.cluster import skip_relay
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.cluster import sync_replicas
 from tf1_safe_train.cluster import worker_unit
@@ -88,6 +89,13 @@ class AsyncReplicas(local_replication.Local):
   def after_build(self, step):
     self._end_ops = replicas.end_of_run_ops(self.cluster, step.variables,
                                             self._close_tokens())
+    self.skip_relay = skip_relay.SkipRelay(self.num_workers)
+
+  def step_hooks(self, rollback=None):
+    """The chief drains the workers' skip records into its train_dir."""
+    del rollback  # Refused without --sync_replicas.
+    return [skip_relay.DrainHook(self.skip_relay, self.params.train_dir)
+            ] if self.is_chief else []
 
   def session(self, scaffold, hooks, stopped_by_signal, first_hooks=()):
     """The worker's session. Hook order (explicit):
@@ -188,7 +196,8 @@ class SyncReplicas(AsyncReplicas):
     rolls back between an update and its tokens (`sync_rollback`)."""
     return [sync_replicas.SyncReplicasHook(
         self.sync_optimizer, self.is_chief, self._decision,
-        point=rollback.sync_point() if rollback is not None else None)]
+        point=rollback.sync_point() if rollback is not None else None)
+            ] + super(SyncReplicas, self).step_hooks()
 
 
 def make(params, cluster=None):

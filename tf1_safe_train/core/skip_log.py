@@ -73,6 +73,12 @@ def _clean(value):
   return value
 
 
+def encode(record):
+  """`record` as its one line of JSON (without the newline): strict JSON,
+  non-finite floats as null, keys sorted (equal records, equal lines)."""
+  return json.dumps(_clean(record), sort_keys=True, allow_nan=False)
+
+
 def append(log_path, record):
   """Appends `record` (a dict with `RECORD_KEYS`) and fsyncs it.
 
@@ -83,7 +89,7 @@ def append(log_path, record):
   missing = [k for k in RECORD_KEYS if k not in record]
   if missing:
     raise ValueError("skip record lacks %s" % ", ".join(missing))
-  line = json.dumps(_clean(record), sort_keys=True, allow_nan=False) + "\n"
+  line = encode(record) + "\n"
   problem = file_problem(log_path)
   if problem:
     raise SkipLogError("%s %s" % (log_path, problem))

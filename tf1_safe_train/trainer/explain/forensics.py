@@ -2,7 +2,8 @@
 
 After a skipped step (the weights are exactly as it saw them) the hook reads
 each tower's stored batch, replays the offending tower's (`replay_lib`) and
-appends one record to the worker's `skips.jsonl` (`core.skip_log`): step,
+appends one record to the worker's `skips.jsonl` (`core.skip_log`; a
+cluster's non-chief worker also relays it to the chief's: `relay`): step,
 worker, time, reason, towers (index, device, nonfinite, loss, example_ids,
 batch_hash, variables), replay, verdict, seconds; a skip for another reason
 (its criterion's label, e.g. "spike"), or a dry-run criterion's would-be
@@ -71,7 +72,7 @@ class ForensicsHook(core_hooks.GatedHook):
 
   def __init__(self, step, params, worker=0, max_explained=10,
                summary_dir=None, describe_id=str, on_model=None,
-               quarantine=None):
+               quarantine=None, relay=None):
     """Creates the hook.
 
     Args:
@@ -85,6 +86,8 @@ class ForensicsHook(core_hooks.GatedHook):
         "the model, not the data" verdict (e.g. stop or roll back now);
         True if it stopped the run (`model_fault` is then the step).
       quarantine: optional `quarantine.Quarantine` (suspect devices).
+      relay: a non-chief worker's `send(session, record)` (the cluster's
+        `skip_relay.SkipRelay`): each record also goes to the chief's log.
 
     Raises:
       ValueError: the hook may replay (`max_explained` or `quarantine`) a
@@ -134,6 +137,7 @@ class ForensicsHook(core_hooks.GatedHook):
     self.suspect_devices = collections.Counter()
     self._on_model = on_model
     self._quarantine = quarantine
+    self._relay = relay
     self.model_fault = None  # The model verdict's step that stopped the run.
 
   def after_run(self, run_context, run_values):
@@ -254,15 +258,22 @@ class ForensicsHook(core_hooks.GatedHook):
     """Appends the record; logs, acts on and summarizes its line."""
     step = record["step"]
     # Before the checkpoint saver's after_run: see the module doc.
-    skip_log.append(skip_log.path(self._params.train_dir, self._worker),
-                    record)
-    self.records += 1
+    self._write(run_context, record)
     logging.warning("%s", text)
     if (record.get("verdict") == replay_lib.MODEL and
         self._on_model is not None and self._on_model(run_context, step)):
       self.model_fault = step
     self._summarize(step, text, bool(record.get("reproduced")),
                     record["seconds"])
+
+  def _write(self, run_context, record):
+    """Appends `record` to this worker's log, then relays it (a cluster's
+    non-chief worker: its --train_dir need not be the chief's)."""
+    skip_log.append(skip_log.path(self._params.train_dir, self._worker),
+                    record)
+    self.records += 1
+    if self._relay is not None:
+      self._relay.send(run_context.session, record)
 
   def _both_reasons(self, record, reason, criteria, text):
     """A finite criterion's skip (a spike) of a step whose towers
@@ -288,12 +299,10 @@ class ForensicsHook(core_hooks.GatedHook):
     towers' batches, no replay."""
     towers = self._towers(results, [False] * len(self._devices),
                           self._batches(run_context.session))
-    skip_log.append(
-        skip_log.path(self._params.train_dir, self._worker),
-        skip_report.record(results["step"], self._worker, reason,
-                           self._reasons, results["criteria"], dry_run=True,
-                           towers=towers, verdict=DRY_RUN % reason))
-    self.records += 1
+    self._write(run_context, skip_report.record(
+        results["step"], self._worker, reason, self._reasons,
+        results["criteria"], dry_run=True, towers=towers,
+        verdict=DRY_RUN % reason))
     self.verdicts[reason + "_would_skip"] += 1
 
   def _name(self, example_id):

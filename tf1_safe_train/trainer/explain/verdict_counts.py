@@ -25,13 +25,16 @@ def verdict_key(record):
 
 def totals(train_dir):
   """Counts over every worker's records in `train_dir` (all runs): the
-  chief's run summary merges the workers' logs this way."""
+  chief's run summary merges the workers' logs this way (in a cluster the
+  chief's directory holds them all: `cluster.skip_relay`)."""
   verdicts, devices = collections.Counter(), collections.Counter()
+  by_worker = collections.Counter()
   try:
     records = skip_log.read_all(train_dir)
   except skip_log.SkipLogError as e:  # Reported, not fatal: the run is over.
     return {"all_records_error": str(e)}
   for record in records:
+    by_worker[str(record["worker"])] += 1
     if "reproduced" in record:
       verdicts[verdict_key(record)] += 1
     elif record.get("dry_run"):
@@ -45,4 +48,5 @@ def totals(train_dir):
     if record.get("suspect_device"):
       devices[record["suspect_device"]] += 1
   return {"all_records": len(records), "all_verdicts": dict(verdicts),
+          "all_records_by_worker": dict(sorted(by_worker.items())),
           "suspect_devices_all_runs": dict(devices)}

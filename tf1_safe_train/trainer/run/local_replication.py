@@ -68,6 +68,7 @@ class Local(object):
   num_workers = 1
   liveness = None
   stop_grace_secs = None
+  skip_relay = None  # One process's records are all in its train_dir.
 
   def __init__(self, params, tower_config=None, master="", is_chief=True,
                worker_index=0):

@@ -168,7 +168,9 @@ class _RunHooks(object):
         on_model=None if strategy.in_cluster else (
             lambda context, at: checkpoint_rollback.act_on_model_fault(
                 self.give_up, context, at)),
-        quarantine=quarantine)
+        quarantine=quarantine,
+        # A cluster's: the chief's records carry every worker's.
+        relay=None if is_chief else strategy.skip_relay)
     self.examples_per_step = (params.batch_size *
                               strategy.tower_config.num_towers)
     self.stats = hooks_lib.RunStatsHook(dict(
