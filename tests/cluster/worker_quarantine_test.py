@@ -22,6 +22,8 @@ from tests.fixtures import loopback_cluster
 from tests.fixtures import train_dirs
 from tf1_safe_train.cluster import worker_quarantine
 from tf1_safe_train.core import skip_log
+from tf1_safe_train.trainer.config import params as params_lib
+from tf1_safe_train.trainer.run import train_dir as train_dir_lib
 from tf1_safe_train.trainer.run import run_summary
 
 # Shorter than the workers' own --startup_timeout_secs (600): a hang fails.
@@ -93,6 +95,41 @@ class WorkerQuarantineClusterTest(tf.test.TestCase):
         "kept; --clear_quarantine starts over)")), 1, everything)
     self.assertEqual(summary["rejected_by_worker"][1], 2, everything)
     self.assertEqual(summary["skipped_steps"], 0, everything)
+
+
+class RecordTest(tf.test.TestCase):
+  """The decision's record, without a cluster."""
+
+  def _params(self, train_dir):
+    return params_lib.TrainParams(
+        train_dir=train_dir, sync_replicas=True, skip_unit="worker",
+        quarantine_after=2)
+
+  def testARecordKeepsItAndClearStartsOver(self):
+    train_dir = self.get_temp_dir()
+    path = worker_quarantine.record_path(train_dir, 2)
+    with open(path, "w") as f:
+      json.dump({"worker": 2, "faults": 2}, f)
+    kept = worker_quarantine.WorkerQuarantine(
+        self._params(train_dir), 3, 2, 2, clear=False)
+    self.assertTrue(kept.quarantined)
+    cleared = worker_quarantine.WorkerQuarantine(
+        self._params(train_dir), 3, 2, 2, clear=True)
+    self.assertFalse(cleared.quarantined)
+    self.assertFalse(os.path.exists(path))
+    # Another worker's record is not this one's.
+    self.assertFalse(worker_quarantine.WorkerQuarantine(
+        self._params(train_dir), 3, 1, 2, clear=False).quarantined)
+
+  def testABadRecordIsOneClearError(self):
+    train_dir = self.get_temp_dir()
+    with open(worker_quarantine.record_path(train_dir, 1), "w") as f:
+      f.write("{not json")
+    with self.assertRaisesRegex(train_dir_lib.TrainDirError,
+                                "not a worker quarantine record.*"
+                                "--clear_quarantine starts over"):
+      worker_quarantine.WorkerQuarantine(self._params(train_dir), 3, 1, 2,
+                                         clear=False)
 
 
 if __name__ == "__main__":
