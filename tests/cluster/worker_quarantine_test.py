@@ -6,8 +6,9 @@ poisoned at steps 3 and 5 (an in-step drill: a replay, which feeds it
 inactive, is finite, so "not reproducible: suspect device"); at the second
 it is quarantined, its decision recorded, and it pushes idle: the others
 finish --max_steps, its steps 7.. and a poison at 8 never seen. A restart
-of the cluster from that train_dir keeps it out; --clear_quarantine lets it
-back in. One run of ~40-60 s per cluster on 2 cores.
+of the cluster from that train_dir keeps it out (its poison at 14 is never
+pushed). `RecordTest`: the record without a cluster (--clear_quarantine
+removes it). One run of ~40-60 s per cluster on 2 cores.
 """
 
 import json
