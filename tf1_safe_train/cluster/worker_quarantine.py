@@ -107,8 +107,8 @@ class WorkerQuarantine(object):
 
   def build(self, variables_device):
     """The counts on the ps and their ops (before the graph is final)."""
-    n, mine = self._num_workers, tf.one_hot(self._index, self._num_workers,
-                                            dtype=tf.int64)
+    n = self._num_workers
+    mine = tf.one_hot(self._index, n, dtype=tf.int64)
     state = [tf1.GraphKeys.GLOBAL_VARIABLES, criteria.OPTIONAL_STATE]
     with tf1.device(variables_device):
       faults = tf1.Variable(tf.zeros([n], tf.int64), trainable=False,
@@ -116,12 +116,14 @@ class WorkerQuarantine(object):
       quarantined = tf1.Variable(tf.zeros([n], tf.int64), trainable=False,
                                  name=QUARANTINED, collections=state)
       self._count = tf1.assign_add(faults, mine, use_locking=True)
-      self._claim = tf1.assign(quarantined, tf.maximum(quarantined, mine),
-                               use_locking=True)
-      self._release = tf1.assign(quarantined, quarantined * (1 - mine),
-                                 use_locking=True)
-      self._reset = tf.group(tf1.assign(faults, faults * (1 - mine)),
-                             self._release)
+      # Each worker writes its own element only: two workers deciding at
+      # once never undo each other's claim (both may see the floor broken
+      # and give theirs back: never below it).
+      self._claim, self._release, zero = [
+          tf1.scatter_update(v, [self._index], tf.constant([x], tf.int64),
+                             use_locking=True)
+          for v, x in ((quarantined, 1), (quarantined, 0), (faults, 0))]
+      self._reset = tf.group(zero, self._release)
     self.variables = [faults, quarantined]
 
   def hook(self):
