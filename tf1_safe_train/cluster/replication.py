@@ -24,6 +24,7 @@ from tf1_safe_train.cluster import replicas
 from tf1_safe_train.cluster import skip_relay
 from tf1_safe_train.cluster import spec as cluster_lib
 from tf1_safe_train.cluster import sync_replicas
+from tf1_safe_train.cluster import worker_quarantine
 from tf1_safe_train.cluster import worker_unit
 from tf1_safe_train.core import rollback
 from tf1_safe_train.trainer.run import local_replication
@@ -154,6 +155,7 @@ class SyncReplicas(AsyncReplicas):
     self.sync_optimizer = None
     self.unit = None
     self._decision = None
+    self._quarantine = self._idle = None
 
   def decision_unit(self):
     """With --skip_unit=worker, the run's `worker_unit.WorkerUnit` (made
@@ -182,10 +184,32 @@ class SyncReplicas(AsyncReplicas):
     result = guarded.guard_result()  # The chief's decision, built here.
     self._decision = sync_replicas.ChiefDecisions(
         self.params, result, global_step, unit)
+    if self._quarantine is not None:
+      self._idle = worker_quarantine.IdlePush(self.sync_optimizer)
     return local_replication.Decided(
         step_op, sync_replicas.replica_view(self.sync_optimizer, pairs,
                                             tower_nonfinite, fault),
         result.reasons)
+
+  def worker_quarantine(self, clear):
+    """With --skip_unit=worker and --quarantine_after, this segment's
+    `worker_quarantine.WorkerQuarantine` (built before the step), else
+    None."""
+    params = self.params
+    self._quarantine = self._idle = None
+    if params.skip_unit == "worker" and params.quarantine_after:
+      self._quarantine = worker_quarantine.WorkerQuarantine(
+          params, self.num_workers, self.worker_index,
+          worker_unit.min_healthy(params.min_healthy_workers,
+                                  self.num_workers), clear)
+    return self._quarantine
+
+  def run_step(self, session, train_op):
+    """One step; a quarantined worker pushes idle (computes nothing)."""
+    if self._quarantine is not None and self._quarantine.quarantined:
+      self._idle.run(session, self.params.max_steps)
+    else:
+      session.run(train_op)
 
   def _close_tokens(self):
     return self.sync_optimizer.get_chief_queue_runner().queue.close(

@@ -103,9 +103,10 @@ def _check_skip_unit(params):
          params.quarantine_after >= 0,
          "--quarantine_after=%r: must be an integer >= 0 (0 = off)",
          params.quarantine_after)
-  _check(not params.quarantine_after or params.skip_unit == "tower",
-         "--quarantine_after needs --skip_unit=tower (a quarantined tower is "
-         "left out of every step)")
+  _check(not params.quarantine_after or params.skip_unit in ("tower",
+                                                              "worker"),
+         "--quarantine_after needs --skip_unit=tower or worker (a "
+         "quarantined tower or worker is left out of every step)")
   _check(isinstance(params.clear_quarantine, bool),
          "--clear_quarantine=%r: must be a boolean", params.clear_quarantine)
 

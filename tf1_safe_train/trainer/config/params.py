@@ -108,11 +108,13 @@ class TrainParams(object):
       0, "--skip_unit=worker: skip the whole step when fewer workers than "
       "this are healthy; 0 = half the workers, rounded up.")
   quarantine_after: int = _param(
-      0, "--skip_unit=tower: quarantine a tower after this many faults that "
-      "did not reproduce on replay (a suspect device): the rest of the run, "
-      "restarts included, is built without it; 0 = off.")
+      0, "--skip_unit=tower (worker): quarantine a tower (a worker) after "
+      "this many faults that did not reproduce on replay (a suspect "
+      "device): the rest of the run, restarts included, goes on without "
+      "it; 0 = off.")
   clear_quarantine: bool = _param(
-      False, "Start with no tower quarantined and the fault counts at zero.")
+      False, "Start with no tower (worker) quarantined and the fault counts "
+      "at zero.")
   save_checkpoints_steps: int = _param(
       200, "Checkpoint every this many steps (and at the end).")
   save_summaries_steps: int = _param(

@@ -55,6 +55,9 @@ _OUTLIERS = ("trainer/tower/tower_unit_test.py::OutlierTowerTest::"
 _ACROSS = "trainer/tower/quarantine_test.py::AcrossRestartsTest::"
 _QUARANTINE_RESTART = _ACROSS + "testADecisionOutlivesASigkillRightAfterItsLine"
 _QUARANTINE_FLOOR = _ACROSS + "testARestartKeepsMinHealthyTowers"
+_WORKER_QUARANTINE = (
+    "cluster/worker_quarantine_test.py::WorkerQuarantineClusterTest::"
+    "testQuarantinedAfterTwoUnreproducedFaultsAndKeptByARestart")
 _REBUILT_INPUT = _ACROSS + "testTheRebuiltInputFeedsNoExampleTwice"
 _SIGNAL_REBUILD = _ACROSS + "testASigtermDuringTheRebuildStopsTheRun"
 
@@ -89,6 +92,12 @@ RULES = (
          "kept (history), judged again under the same K and floor",
          "kept (history)",
          (_TOWERS, _QUARANTINE_RESTART, _QUARANTINE_FLOOR)),
+    Rule("`suspect_faults_by_worker` and `quarantined_workers` "
+         "(`--skip_unit=worker --quarantine_after`; each decision in "
+         "`quarantine_worker_<i>.json`, written before its line)",
+         ("suspect_faults_by_worker", "quarantined_workers"),
+         "kept (history); a recorded worker claims its place again",
+         "kept (history)", (_WORKER_QUARANTINE,)),
     Rule("`consecutive_skips` (the streak)", ("consecutive_skips",),
          "kept", "reset to 0", (_THIRD,)),
     Rule("the rollbacks' own state: `rollbacks`, `rolled_back_steps`, "

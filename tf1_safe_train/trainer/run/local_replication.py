@@ -107,6 +107,15 @@ class Local(object):
   def after_build(self, step):
     del step  # Nothing outlives a local run.
 
+  def worker_quarantine(self, clear):
+    """None: one process has no worker to quarantine."""
+    del clear
+    return None
+
+  def run_step(self, session, train_op):
+    """Runs one step (a quarantined cluster worker pushes idle instead)."""
+    session.run(train_op)
+
   def step_hooks(self, rollback=None):
     del rollback  # Its own `after_run` rolls back on one machine.
     return []

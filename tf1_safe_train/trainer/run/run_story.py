@@ -97,10 +97,15 @@ def _unit(params):
   if params.skip_unit == "tower":
     text = ("tower: a faulty tower left out, the others applied (the step "
             "skipped below %d healthy)" % params.min_healthy_towers)
+  elif params.skip_unit == "worker":
+    text = ("worker: a faulty worker's push left out, the others' applied "
+            "(the step skipped below %s healthy workers)" % (
+                params.min_healthy_workers or "half the"))
   else:
     text = "step: nothing applied"
   if params.quarantine_after:
-    text += ", a device quarantined after %d unreproduced faults" % (
+    text += ", a %s quarantined after %d unreproduced faults" % (
+        "worker" if params.skip_unit == "worker" else "device",
         params.quarantine_after)
   return text
 

@@ -108,7 +108,9 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear,
   quarantine = (quarantine_lib.Quarantine(
       params, strategy.tower_devices(), max(2, tower_unit.min_healthy(
           params.min_healthy_towers, params.num_towers)), clear)
-                if params.quarantine_after else None)
+                if params.quarantine_after and params.skip_unit == "tower"
+                else None)
+  workers = strategy.worker_quarantine(clear)  # --skip_unit=worker's.
   with tf.Graph().as_default():
     tf1.set_random_seed(params.seed)
     with strategy.device():
@@ -118,13 +120,14 @@ def _train(params, extra_hooks, dataset_fn, strategy, criteria, clear,
           skip_batches=segments.batches_read,
           quarantined=quarantine.quarantined if quarantine else ())
       strategy.after_build(step)
-      if quarantine:
-        quarantine.build(strategy.tower_config.variables_device())
+      for each in (quarantine, workers):
+        if each:
+          each.build(strategy.tower_config.variables_device())
     run = segments.run = _RunHooks(
         params, step, strategy, start, segments,
         describe_id=lambda i: data.describe_id(
             params.dataset if dataset_fn is None else "dataset_fn", i),
-        quarantine=quarantine)
+        quarantine=quarantine, workers=workers)
     run_hooks = run.in_order(extra_hooks)
     resume = None
     if strategy.is_chief:
@@ -152,9 +155,9 @@ class _RunHooks(object):
   """
 
   def __init__(self, params, step, strategy, start, segments, describe_id,
-               quarantine):
+               quarantine, workers=None):
     self._params, self._step, self._strategy = params, step, strategy
-    self.quarantine = quarantine
+    self.quarantine, self.workers = quarantine, workers
     self._start, self._excluded = start, segments.excluded
     self.first_step_time = None
     is_chief = strategy.is_chief
@@ -168,7 +171,7 @@ class _RunHooks(object):
         on_model=None if strategy.in_cluster else (
             lambda context, at: checkpoint_rollback.act_on_model_fault(
                 self.give_up, context, at)),
-        quarantine=quarantine,
+        quarantine=quarantine or workers,  # A tower's or this worker's.
         # A cluster's: the chief's records carry every worker's.
         relay=None if is_chief else strategy.skip_relay)
     self.examples_per_step = (params.batch_size *
@@ -210,7 +213,7 @@ class _RunHooks(object):
             self.give_up if isinstance(
                 self.give_up, checkpoint_rollback.RollbackHook) else None),
         self.state_hook,
-        *([self.quarantine.hook()] if self.quarantine else []),
+        *[q.hook() for q in (self.quarantine, self.workers) if q],
         *extra_hooks]
 
   def summary(self, exit_reason=None):
@@ -225,6 +228,8 @@ class _RunHooks(object):
                                 **verdict_counts.totals(self._params.train_dir))
     if self.quarantine:  # The towers this segment's step was built without.
       summary["quarantined_towers"] = list(self.quarantine.quarantined)
+    if self.workers and self.workers.final is not None:
+      summary["quarantined_workers"] = self.workers.final
     return summary
 
 
@@ -262,7 +267,7 @@ def _run_steps(step, strategy, scaffold, run, run_hooks, segments,
         scaffold, run_hooks, lambda: on_signal.interrupted,
         first_hooks=[run.skip_line, run.explain]) as session:
       while not session.should_stop():
-        session.run(step.train_op)
+        strategy.run_step(session, step.train_op)
         if run.first_step_time is None:
           run.first_step_time = time.time()
     on_signal.stop_liveness()  # The ps tasks exit once all are done.
