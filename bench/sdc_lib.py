@@ -266,13 +266,23 @@ def run(config, log_fn=print):
             detect(config, m, overrides) if overrides else {},
             precision=precision(config, m, overrides, root),
             seconds=round(time.time() - t0, 1))
-        log_fn("%s %s: %.0f s" % (model, name, time.time() - t0))
+        log_fn("%s %s: %.0f s %s" % (model, name, time.time() - t0,
+                                     _summary(result["detections"][name])))
       result["cost"] = good_step_cost(config, m, present)
       models.append(result)
   return {"config": dataclasses.asdict(config), "models": models,
           "not_in_this_build": missing,
           "wall_seconds": round(time.time() - start, 1),
           "machine": guard_overhead_lib.machine_info()}
+
+
+def _summary(detection):
+  """A progress line's figures: a run's results survive its interruption."""
+  caught = {k: "%d/%d" % (sum(c for c, _ in f), len(f))
+            for k, f in detection.get("faults", {}).items()}
+  return "precision %.3f, false positives %s, caught %s" % (
+      detection["precision"]["precision_at_1"],
+      detection.get("false_positives", "-"), caught or "-")
 
 
 def _fraction(flags):
