@@ -211,7 +211,8 @@ def precision(config, m, overrides, root):
                    inject_nonfinite=spec, save_checkpoints_steps=steps)
   summary = train_lib.train(params)
   evaluation = eval_lib.evaluate(params_lib.EvalParams(
-      train_dir=train_dir, max_examples=config.eval_examples))
+      train_dir=train_dir, model=config.models[m],
+      max_examples=config.eval_examples))
   return {"drill": spec, "precision_at_1":
           float(evaluation["precision_at_1"]),
           "skipped_steps": summary["skipped_steps"]}
