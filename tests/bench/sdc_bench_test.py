@@ -6,6 +6,8 @@ not depend on the sizes; `--quick` is `run` of `quick_config()`, checked
 valid here.
 """
 
+import tempfile
+
 import tensorflow as tf
 
 from bench import sdc_lib
@@ -55,6 +57,17 @@ class SdcBenchTest(tf.test.TestCase):
     self.assertTrue(all(move > 10 for _, move in scaled), scaled)
     self.assertEqual([False, False], [caught for caught, _ in flipped])
     self.assertTrue(all(0 < move < 0.1 for _, move in flipped), flipped)
+
+  def testPrecisionRunEvaluatesItsOwnModel(self):
+    # Before: evaluated as small_cnn, resnet8's checkpoint failed to load
+    # ("Key small_cnn/conv1/biases not found in checkpoint").
+    config = sdc_lib.SdcConfig(
+        models=("resnet8",), clean_steps=(1,), precision_steps=(2,),
+        num_towers=1, batch_size=2, eval_examples=2).validate()
+    with tempfile.TemporaryDirectory() as root:
+      result = sdc_lib.precision(config, 0, (), root)
+    self.assertEqual("", result["drill"])  # No hundredth step: no fault.
+    self.assertBetween(result["precision_at_1"], 0.0, 1.0)
 
   def testTablesSayWhatIsNotInThisBuild(self):
     self.assertEqual([], sdc_lib.missing_params(
