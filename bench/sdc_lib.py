@@ -172,7 +172,8 @@ def _session(params, spec):
 
 def detect(config, m, overrides):
   """One detection run: false positives of its clean stretch, and per
-  kind the (caught, move) of each fault."""
+  kind the (caught, move) of each fault; a fault the run applied is undone
+  after its step."""
   clean = config.clean_steps[m]
   spec = fault_spec(config, clean)
   rules = injection.parse_spec(spec)
@@ -182,6 +183,9 @@ def detect(config, m, overrides):
     with sess.graph.as_default():
       move = _move(config.num_towers)
       caught = [_caught(step, t) for t in range(config.num_towers)]
+      # Model, slots, criteria's history: not the step count (the drill's).
+      state = [v for v in tf1.global_variables()
+               if v is not tf1.train.get_global_step()]
     false_positives, faults = 0, collections.defaultdict(list)
     with sess:
       for s in range(total):
@@ -192,7 +196,13 @@ def detect(config, m, overrides):
           false_positives += any(flags) and s < clean
           continue
         (tower, rule), = hits  # One fault per step, by construction.
+        before = sess.run(state)
         _, hit, moved = sess.run([step.train_op, caught[tower], move])
+        if not hit:
+          # Undone: each fault meets the clean model, not one a missed
+          # 2**16 flip wrecked (which would make every later fault NaN).
+          for variable, value in zip(state, before):
+            variable.load(value, sess)
         # A non-finite move: the fault made a NaN/Inf (caught by any
         # configuration, off included) or a gradient overflowed float64.
         faults[rule.kind].append((bool(hit), float(moved)))
