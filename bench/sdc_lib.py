@@ -7,8 +7,9 @@ does not exist), one run of the trainer's step: a clean stretch (its skips
 are false positives), then one fault every other step (`--inject_nonfinite`
 finite kinds, towers taking turns), each fault's catch and how far it moved
 the applied update (the averaged gradient with vs without it, both computed
-in the step: `drill.CLEAN_GRADIENTS`); what each configuration costs a good
-step (executed nodes; time ratio beside an A/A control); and the test
+in the step: `drill.CLEAN_GRADIENTS`; a fault applied is undone after its
+step, so every fault meets a healthy model); what each configuration costs
+a good step (executed nodes; time ratio beside an A/A control); and the test
 precision@1 after a run with one bit flip per 100 steps. `markdown` makes
 the docs' tables.
 """
