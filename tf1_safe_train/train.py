@@ -162,7 +162,8 @@ def _run(cluster):
     # Every task checks the drill, so a bad WORKER fails the ps tasks too.
     injection.validate(injection.parse_spec(params.inject_nonfinite),
                        params.num_towers,
-                       cluster.num_workers if cluster else 1)
+                       cluster.num_workers if cluster else 1,
+                       params.inject_into)
     if cluster is not None and checkpoint_rollback.refusal_in_cluster(params):
       # Every task, so no ps serves workers that refused to start.
       raise params_lib.ParamsError(

@@ -35,6 +35,19 @@ class ParseSpecTest(tf.test.TestCase):
     self.assertEqual('scale1e4@7:1/0', str(rule))
     self.assertFalse(injection.is_scale(injection.parse_spec('nan@1')[0]))
 
+  def testFiniteKinds(self):
+    flip, stale, every = injection.parse_spec(
+        'BitFlip31@7:1, stale%0.5:2, bitflip0@10-~20/1')
+    self.assertEqual(Rule('bitflip31', 31.0, 7, 7, None, 1, 0), flip)
+    self.assertEqual(Rule('stale', 0.0, 0, None, 0.5, 2, 0), stale)
+    self.assertEqual(Rule('bitflip0', 0.0, 10, None, None, 0, 1, 20), every)
+    self.assertEqual(['bitflip', 'stale', 'bitflip', 'value', 'scale'],
+                     [injection.group(r) for r in (flip, stale, every) +
+                      injection.parse_spec('nan@1,scale2@1')])
+    self.assertEqual('bitflip0@10-~20:0/1,bitflip31@3-9~2:0/0',
+                     ','.join(str(r) for r in injection.parse_spec(
+                         'bitflip0@10-~20/1,bitflip31@3-9~2')))
+
   def testRangeOpenRangeTowerAndWorker(self):
     rules = injection.parse_spec(' inf@3-7:1 , -inf@10-/2 ,NaN@0:2/3')
     self.assertEqual(
@@ -60,8 +73,16 @@ class ParseSpecTest(tf.test.TestCase):
   def testRejectsMalformedItems(self):
     cases = {
         '@5': 'KIND must be',
-        'nul@5': "KIND must be nan, inf, -inf or scaleF (e.g. scale1e4), "
-                 "got 'nul'",
+        'nul@5': "KIND must be nan, inf, -inf, scaleF (e.g. scale1e4), "
+                 "bitflipK (K 0-31) or stale, got 'nul'",
+        'bitflip@5': 'KIND must be',
+        'bitflip32@5': 'bitflip bit must be 0-31',
+        'bitflip-1@5': 'KIND must be',
+        'stale1@5': 'KIND must be',
+        'nan@5~2': '~S needs a range N-M~S or N-~S',
+        'nan@5-9~0': '~S needs a range',
+        'nan@5-9~': 'STEPS must be N, N-M or N- (a range optionally ~S)',
+        'nan%0.5~2': 'PROB must be',
         'scale@5': 'KIND must be',
         'scalex@5': 'KIND must be',
         'scale0@5': 'scale factor must be a finite number > 0',
@@ -115,6 +136,16 @@ class ParseSpecTest(tf.test.TestCase):
       injection.validate(rules, num_towers=2, num_workers=2)
     injection.validate((), num_towers=1)
 
+  def testValidateGradientOnlyKindsNeedTheGradientTarget(self):
+    rules = injection.parse_spec('scale2@1,stale@3')
+    injection.validate(rules, 1, target='grads')
+    injection.validate(rules[:1], 1, target='loss')
+    with self.assertRaisesRegex(
+        injection.InjectionSpecError,
+        r"^--inject_nonfinite item 'stale@3:0/0': stale faults a tower's "
+        r"gradients; it needs --inject_into=grads, not input$"):
+      injection.validate(rules, 1, target='input')
+
 
 class ActiveValueTest(tf.test.TestCase):
 
@@ -152,6 +183,32 @@ class ActiveValueTest(tf.test.TestCase):
       self.assertAllEqual([a for a, _ in expected], active)
       expected_value = np.array([v for _, v in expected], np.float32)
       self.assertAllEqual(expected_value.view(np.uint32), value.view(np.uint32))
+
+  def testEveryGroupAndStrideMatchIsActive(self):
+    spec = ('bitflip30@3-40~4:1,scale2@5-~3,stale%0.2,bitflip22%0.5,'
+            'nan@6-50~7,stale@0-~2:1')
+    rules = injection.parse_spec(spec)
+    steps = np.arange(0, 200, dtype=np.int64)
+    with tf.Graph().as_default():
+      step = tf1.placeholder(tf.int64, [None])
+      outputs = [injection.active_value(rules, step, t, seed=3, kind_group=g)
+                 for t in (0, 1) for g in injection.GROUPS]
+      with self.cached_session() as sess:
+        results = sess.run(outputs, {step: steps})
+    cases = [(t, g) for t in (0, 1) for g in injection.GROUPS]
+    for (tower, name), (active, value) in zip(cases, results):
+      active = np.broadcast_to(active, steps.shape)
+      value = np.broadcast_to(value, steps.shape)
+      expected = [injection.is_active(rules, int(s), tower, seed=3,
+                                      kind_group=name) for s in steps]
+      self.assertAllEqual([a for a, _ in expected], active)
+      self.assertAllEqual([v for _, v in expected], value)
+      fired = [any(injection.group(r) == name for r in
+                   injection.active_rules(rules, int(s), tower, seed=3))
+               for s in steps]
+      self.assertAllEqual(fired, active)
+    self.assertEqual([3, 7, 11], [s for s in range(12) if injection.is_active(
+        rules, s, 1, kind_group='bitflip')[0]])
 
   def testFirstRuleWinsAndRateIsCloseToProb(self):
     rules = injection.parse_spec('inf@3-5,nan%0.3,-inf@5-')
@@ -289,6 +346,59 @@ class ExpectedInjectionsTest(tf.test.TestCase):
     self.assertEqual(counts, [int(a.sum()) for a in graph_active])
     self.assertEqual(steps, set(np.flatnonzero(graph_active[0] |
                                                graph_active[1]).tolist()))
+
+
+class FlipBitTest(tf.test.TestCase):
+
+  def testFlipsTheBitOfTheLargestElementBitForBit(self):
+    # A tie of magnitudes (-3 and 3): the first in row-major order.
+    x = np.array([[0.5, -3.0, 1e-3], [3.0, 2.5e-7, -0.25]], np.float32)
+    bits = (31, 30, 27, 23, 22, 0)
+    with tf.Graph().as_default():
+      bit = tf1.placeholder(tf.int32, [])
+      active = tf1.placeholder(tf.bool, [])
+      out = injection.flip_bit(tf.constant(x), bit, active)
+      with self.cached_session() as sess:
+        for k in bits:
+          got = sess.run(out, {bit: k, active: True})
+          want = x.copy().reshape(-1)
+          want.view(np.uint32)[1] ^= np.uint32(1 << k)
+          self.assertAllEqual(want.reshape(x.shape).view(np.uint32),
+                              got.view(np.uint32))
+          twin, index = injection.flip_bit_numpy(x, k)
+          self.assertEqual(1, index)
+          self.assertAllEqual(twin.view(np.uint32), got.view(np.uint32))
+          self.assertAllEqual(x.view(np.uint32), sess.run(
+              out, {bit: k, active: False}).view(np.uint32))
+    # What the bits of -3.0 (exponent field 128) mean: the sign; the
+    # exponent's top bit (128 -> 0: the subnormal -2**-127); its lowest
+    # (128 -> 129: doubled).
+    self.assertEqual(3.0, injection.flip_bit_numpy(x, 31)[0][0, 1])
+    self.assertEqual(-2.0**-127, injection.flip_bit_numpy(x, 30)[0][0, 1])
+    self.assertEqual(-6.0, injection.flip_bit_numpy(x, 23)[0][0, 1])
+
+  def testRejectsOtherDtypes(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(ValueError, 'needs a float32 tensor'):
+        injection.flip_bit(tf.constant([1.0], tf.float16), 3, True)
+
+
+class StaleTest(tf.test.TestCase):
+
+  def testActiveGivesThePreviousRunsValue(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [2])
+      active = tf1.placeholder(tf.bool, [])
+      out = injection.stale(x, active)
+      self.assertEqual([], tf1.global_variables())
+      with self.cached_session() as sess:
+        sess.run(tf1.local_variables_initializer())
+        feeds = [([1.0, 2.0], True), ([3.0, 4.0], False), ([5.0, 6.0], True),
+                 ([7.0, 8.0], True), ([9.0, 0.0], False)]
+        got = [sess.run(out, {x: v, active: a}).tolist() for v, a in feeds]
+    # The first run has no previous value: zeros.
+    self.assertEqual([[0.0, 0.0], [3.0, 4.0], [3.0, 4.0], [5.0, 6.0],
+                      [9.0, 0.0]], got)
 
 
 if __name__ == '__main__':

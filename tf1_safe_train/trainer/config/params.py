@@ -124,9 +124,12 @@ class TrainParams(object):
   log_every_n_steps: int = _param(50, "Progress line every this many steps.")
   inject_nonfinite: str = _param(
       "", "Fault drill: comma-separated KIND@STEPS[:TOWER][/WORKER] or "
-      "KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf, or scaleF to multiply "
-      "by F, e.g. scale1e4: a finite spike; STEPS N, N-M or N-; "
-      "TOWER and WORKER default to 0), e.g. nan@100:1,inf%0.01,nan@10-20:0/1.")
+      "KIND%PROB[:TOWER][/WORKER] (KIND nan|inf|-inf, scaleF to multiply "
+      "by F, e.g. scale1e4: a finite spike; on grads also bitflipK, bit K "
+      "of the largest element of the first gradient, and stale, the "
+      "previous step's gradients; STEPS N, N-M or N-, a range optionally "
+      "~S: every S-th step; TOWER and WORKER default to 0), e.g. "
+      "nan@100:1,inf%0.01,bitflip30@200-~50:2.")
   inject_into: str = _param(
       "grads", "What the drill poisons: a tower's grads, loss or input "
       "images.", INJECT_INTO)

@@ -73,7 +73,8 @@ def check(params, num_workers=None):
     params.ParamsError: in a cluster, for an option of one machine only.
   """
   injection_spec.validate(injection_spec.parse_spec(params.inject_nonfinite),
-                          params.num_towers, num_workers or 1)
+                          params.num_towers, num_workers or 1,
+                          params.inject_into)
   if num_workers is not None:
     refusal = one_machine_only.refusal(params)
     if refusal:
