@@ -272,6 +272,21 @@ class OutlierTowerTest(tf.test.TestCase):
     out = run.run()
     self.assertEqual([0, 0, 1, 0], list(out["totals"]["rejected_by_tower"]))
 
+  def testAnExponentBitFlipIsCaught(self):
+    # bitflip30: the top exponent bit of tower 2's largest gradient element
+    # (a finite value about 2**128 times larger): the tower is left out
+    # and the other three's average applied.
+    run = self._run(inject_nonfinite="bitflip30@%d:2" % self._S)
+    before, out = self._step_s(run)
+    self.assertTrue(out["applied"])
+    self.assertTrue(np.isfinite(np.concatenate(
+        [np.ravel(g) for g in out["grads"][2]])).all())
+    self.assertEqual([0, 0, 1, 0], list(out["totals"]["rejected_by_tower"]))
+    self.assertEqual([0, 0, 0, 0],
+                     list(out["totals"]["nonfinite_steps_by_tower"]))
+    self.assertEqual(_bits(self._average_of(run, before, out, (0, 1, 3))),
+                     _bits(run.state()["weights"]))
+
   def testWithThreeTowersOnlyTheScaledOneIsLeftOut(self):
     # Regression: the median of the other two towers is their mean, which
     # the 10x tower drags up, so a healthy tower's ratio to it strayed too
