@@ -152,9 +152,13 @@ def _caught(step, tower):
   """Whether `step` left the faulted tower's gradients out (a skipped step,
   or with --skip_unit=tower that tower left out): a bool tensor."""
   skipped = tf.logical_not(step.applied)
-  if step.tower_unit is None:
+  unit = step.tower_unit
+  if unit is None:
     return skipped
-  return tf.logical_or(skipped, step.tower_unit.left_out[tower])
+  left_out = unit.left_out[tower]
+  if unit.outliers is not None:  # --skip_tower_outliers' verdicts too.
+    left_out = tf.logical_or(left_out, unit.outliers[tower])
+  return tf.logical_or(skipped, left_out)
 
 
 def _session(params, spec):
