@@ -19,8 +19,10 @@ before the line, and read by a restart, which keeps the worker out until
 
 import json
 import os
+import time
 
 from absl import logging
+
 import tensorflow as tf
 
 from tf1_safe_train.core import criteria
@@ -216,10 +218,21 @@ class _StartHook(tf1.train.SessionRunHook):
 class IdlePush(object):
   """What a quarantined worker runs instead of its step: a push of zeros
   into every accumulator (its health count 0 pushes, 0 healthy: neither
-  left out nor degraded) and the sync token, as TF's worker op does."""
+  left out nor degraded) and the sync token, as TF's worker op does; but
+  one push per global step only.
+
+  A worker that computes nothing is faster than the others, and TF's
+  tokens let a worker ahead take a slower one's turn: an idle worker would
+  fill a step's aggregate with its zeros (no healthy push left: the step
+  skipped). So after a push for step t it takes its next token only once
+  step t is applied (global_step > t), and the others take the rest.
+  """
+
+  # How often a waiting idle worker reads global_step (seconds).
+  POLL_SECS = 0.005
 
   def __init__(self, sync_optimizer):
-    """Builds the op from the optimizer's accumulators (after its
+    """Builds the ops from the optimizer's accumulators (after its
     `apply_gradients`).
 
     Raises:
@@ -237,18 +250,29 @@ class IdlePush(object):
         pushes.append(accumulator.apply_grad(
             tf.zeros(accumulator._shape, accumulator.dtype),
             local_step=optimizer._local_step))
+    with tf1.control_dependencies(pushes):
+      # The step pushed for.
+      self.push = tf.identity(optimizer._local_step, name="idle_push")
     with tf1.device(optimizer._global_step.device):
-      with tf1.control_dependencies(pushes):
-        token = optimizer._sync_token_queue.dequeue()
-      self.op = tf1.assign(optimizer._local_step, token, name="idle_push")
+      self.global_step = tf.identity(optimizer._global_step)
+      token = optimizer._sync_token_queue.dequeue()
+      self.op = tf1.assign(optimizer._local_step, token, name="idle_token")
 
   def run(self, session, max_steps):
-    """Pushes once (raw: no hook computes the step); stops the session at
-    `max_steps` or when the tokens are closed (the run's end)."""
+    """Pushes once (raw: no hook computes the step), waits for that step's
+    update, then takes a token; stops the session at `max_steps` or when
+    the tokens are closed (the run's end)."""
 
     def push(step_context):
+      run = step_context.session.run
       try:
-        token = step_context.session.run(self.op)
+        pushed = run(self.push)
+        while run(self.global_step) <= pushed:
+          if pushed >= max_steps:
+            step_context.request_stop()
+            return
+          time.sleep(self.POLL_SECS)
+        token = run(self.op)
       except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
         step_context.request_stop()
         return
