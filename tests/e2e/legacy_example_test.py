@@ -222,9 +222,11 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
     before, after_nan, after_next = states[_NAN_STEP:_NAN_STEP + 3]
     for name in before:
       self.assertTrue(np.isfinite(before[name]).all(), name)
-    # The NaN batch's loss is finite (ReLU maps NaN to 0 here), so a loss
-    # check (NanTensorHook) would not notice; its gradients are NaN.
-    self.assertTrue(np.isfinite(losses[_NAN_STEP]).all())
+    # Whether the NaN batch's loss is finite depends on the CPU's ReLU
+    # (max(NaN, 0) is 0 with some instructions, NaN with others: finite on
+    # the Intel machines this test was written on, NaN on AMD EPYC); where
+    # it is, a loss check (NanTensorHook) would not notice. Its gradients
+    # are NaN either way, and so is the model after the step.
     for kind in ("weights", "momentum", "EMA shadows"):
       self.assertTrue(_has_nan(after_nan, kinds[kind]), kind)
     # Statistics: at once if the first tower's batch was NaN (only its
@@ -272,7 +274,8 @@ class ScriptTest(tf.test.TestCase):
     losses = legacy.train(train_dir, max_steps=6, nan_step=3,
                           log_frequency=100)
     self.assertLen(losses, 6)
-    self.assertTrue(np.isfinite(losses[:4]).all())
+    # (The NaN step's own loss, losses[3], is the CPU's ReLU's: see above.)
+    self.assertTrue(np.isfinite(losses[:3]).all())
     self.assertTrue(np.isnan(losses[4:]).all())
     checkpoint = tf.train.load_checkpoint(train_dir)
     self.assertTrue(np.isnan(checkpoint.get_tensor("conv1/kernel")).any())
