@@ -71,7 +71,7 @@ def quick_config():
   the table). The other modes differ only by flags (`train_flags`), whose
   runs the cluster tests make (tests/cluster/worker_unit_cluster_test.py,
   the unit; tests/e2e/distributed_test.py, sync without it): two more
-  clusters of 3 workers would cost the test suite a minute for nothing new.
+  clusters of 3 workers would cost the test 35 s more for nothing new.
   """
   return ClusterUnitConfig(max_steps=12, batch_size=4, probability=0.3,
                            modes=("on+quarantine",)).validate()
