@@ -26,7 +26,11 @@ flags.DEFINE_float("probability", 0.05,
                    "Chance per step that the flaky worker's gradients are "
                    "NaN.")
 flags.DEFINE_integer("seed", 0, "Seed of the runs (and of the drill).")
-flags.DEFINE_boolean("quick", False, "12 steps: checks it runs.")
+flags.DEFINE_list("modes", "off,on,on+quarantine",
+                  "Which runs, in this order (some of off, on, "
+                  "on+quarantine).")
+flags.DEFINE_boolean("quick", False,
+                     "12 steps, the on+quarantine run only: checks it runs.")
 flags.DEFINE_string("json_out", "/tmp/cluster_unit.json",
                     "Where to write the results as JSON ('' = nowhere).")
 flags.DEFINE_string("markdown_out", "",
@@ -47,7 +51,8 @@ def main(argv):
     else:
       config = cluster_unit_lib.ClusterUnitConfig(
           max_steps=FLAGS.max_steps, batch_size=FLAGS.batch_size,
-          probability=FLAGS.probability, seed=FLAGS.seed).validate()
+          probability=FLAGS.probability, seed=FLAGS.seed,
+          modes=tuple(FLAGS.modes)).validate()
   except ValueError as e:
     cli.fail(_PROGRAM, e)
   if why_not is not None:

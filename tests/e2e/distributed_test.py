@@ -220,6 +220,13 @@ class DistributedTrainTest(tf.test.TestCase):
     self.assertEqual((summary["global_step"], summary["skipped_steps"],
                       summary["applied_steps"]), (12, 1, 11))
     self.assertEqual(summary["loss_scale"], 128.0)
+    # Without --skip_unit the poisoned push is not left out: the whole step
+    # is skipped (above), no worker's rejections are counted and no line
+    # says "left out" (the worker unit's control: with it, the step is
+    # applied, tests/cluster/worker_unit_cluster_test.py).
+    self.assertNotIn("rejected_by_worker", summary)
+    self.assertEqual([line for line in worker0 + worker1
+                      if "left out" in line], [])
     reports = _skip_reports(worker1)
     self.assertLen(reports, 1)
     self.assertIn("skipped step 8", reports[0])
