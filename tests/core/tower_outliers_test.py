@@ -127,6 +127,44 @@ class WrapperTest(tf.test.TestCase):
     self.assertEqual([True] * (_S + 1), [a for a, _ in steps])
     self.assertEqual(1, would_skips)
 
+  def testReadsWhatEachBatchExplainsGivenAsTowerValues(self):
+    # Each tower's gradient is its batch's difficulty (spread over orders
+    # of magnitude) times about w; the difficulty is its output gradient
+    # norm, given: tower 2's 10x at step _S is named against it.
+    with tf.Graph().as_default():
+      w = tf1.get_variable("w", initializer=tf.ones([3]))
+      difficulty = tf1.placeholder(tf.float32, [4])
+      noise = tf1.placeholder(tf.float32, [4, 3])
+      scale = tf1.placeholder_with_default(1.0, [])
+      towers = []
+      for i in range(4):
+        with tf1.device("/cpu:%d" % i):
+          grad = difficulty[i] * noise[i] * w * (scale if i == 2 else 1.0)
+          towers.append([(grad, w)])
+      opt = optimizer_lib.SkipNonFiniteOptimizer(
+          tf1.train.GradientDescentOptimizer(1e-6),
+          skip_tower_outliers=_config())
+      result = opt.apply_gradients_with_result(
+          [(tf.add_n([t[0][0] for t in towers]) / 4.0, w)],
+          tf1.train.get_or_create_global_step(), tower_grads_and_vars=towers,
+          tower_values={tower_outliers.OUTPUT_NORM: difficulty,
+                        tower_outliers.SHARED_NORM: tf.constant(0.0)})
+      report = opt.report_fetches(result.train_op)
+      rng = np.random.RandomState(0)
+      with self._session(4) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for step in range(_S + 1):
+          feed = {difficulty: np.exp(rng.normal(0.0, 1.5, 4)),
+                  noise: 1 + 0.1 * rng.randn(4, 3)}
+          if step == _S:
+            feed[scale] = 10.0
+          _, applied, values = sess.run(
+              [result.train_op, result.applied, report], feed)
+          self.assertEqual(step != _S, bool(applied), step)
+    self.assertRegex(opt.describe_skip(values),
+                     r"tower 2 \(/device:CPU:2\): gradient norm [0-9.]+x "
+                     r"what its batch explains by the other towers")
+
   def testNeedsEachTowersGradients(self):
     with tf.Graph().as_default():
       w = tf1.get_variable("w", initializer=tf.ones([3]))
