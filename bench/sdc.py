@@ -43,7 +43,7 @@ FLAGS = flags.FLAGS
 def _config(sdc_lib):
   if FLAGS.quick:
     return sdc_lib.quick_config()
-  known = dict(sdc_lib.DETECTIONS)
+  known = {d.name: d for d in sdc_lib.DETECTIONS}
   unknown = [n for n in FLAGS.detections if n not in known]
   if unknown:
     raise ValueError("--detections: unknown %s (known: %s)" %
@@ -56,7 +56,9 @@ def _config(sdc_lib):
   return sdc_lib.SdcConfig(
       models=tuple(FLAGS.models), clean_steps=clean, precision_steps=steps,
       faults_per_kind=FLAGS.faults_per_kind, batch_size=FLAGS.batch_size,
-      detections=tuple((n, known[n]) for n in FLAGS.detections)).validate()
+      # Off first, always: the cost baseline.
+      detections=tuple(known[n] for n in ["off"] + [
+          n for n in FLAGS.detections if n != "off"])).validate()
 
 
 def main(argv):

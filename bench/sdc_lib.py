@@ -1,17 +1,21 @@
 """Which finite faults of one tower in four do the skip criteria catch?
 
-Per model (4 towers on virtual CPU devices) and per detection configuration
-(a list of `TrainParams` overrides: off, --skip_spikes_sigma, and
---skip_tower_outliers by name, reported "not in this build" where the param
-does not exist), one run of the trainer's step: a clean stretch (its skips
-are false positives), then one fault every other step (`--inject_nonfinite`
-finite kinds, towers taking turns), each fault's catch and how far it moved
-the applied update (the averaged gradient with vs without it, both computed
-in the step: `drill.CLEAN_GRADIENTS`; a fault applied is undone after its
-step, so every fault meets a healthy model); what each configuration costs
-a good step (executed nodes; time ratio beside an A/A control); and the test
-precision@1 after a run with one bit flip per 100 steps. `markdown` makes
-the docs' tables.
+Per model (4 towers on virtual CPU devices), one detection run of the
+trainer's step with every detection configuration's criterion on in its
+dry run, side by side on the same steps (`Detection`: off, the spike
+criterion, the tower-agreement criterion; a configuration whose param this
+build lacks is reported "not in this build"): a clean stretch (a step a
+criterion would skip is its false positive), then one fault every other
+step (`--inject_nonfinite` finite kinds, towers taking turns), each
+fault's catch by each criterion (the tower-agreement criterion's only if
+it names the faulted tower) and how far it moved the applied update (the
+averaged gradient with vs without it, both computed in the step:
+`drill.CLEAN_GRADIENTS`; every fault is undone after its step, the
+criteria's history with it, so each meets a healthy model and a clean
+history); what each configuration costs a good step (executed nodes; time
+ratio beside an A/A control); and the test precision@1 after a run with
+one bit flip per 100 steps (each configuration acting, not dry). `markdown`
+makes the docs' tables.
 """
 
 import collections
@@ -39,11 +43,22 @@ tf1 = tf.compat.v1
 
 KINDS = ("bitflip31", "bitflip30", "bitflip27", "bitflip23", "bitflip22",
          "scale2", "scale3", "scale10", "scale100", "stale")
-# (name, TrainParams overrides): the columns, off first (the cost baseline).
+
+
+class Detection(collections.namedtuple(
+    "Detection", "name overrides reason dry_run_param")):
+  """A column: its `TrainParams` overrides, its criterion's reason and the
+  param of that criterion's dry run (None: no criterion, "off")."""
+  __slots__ = ()
+
+
+# The columns, off first (the cost baseline).
 DETECTIONS = (
-    ("off", ()),
-    ("spike", (("skip_spikes_sigma", 6.0),)),
-    ("tower_outliers", (("skip_tower_outliers", 6.0),)),
+    Detection("off", (), None, None),
+    Detection("spike", (("skip_spikes_sigma", 6.0),), "spike",
+              "spike_dry_run"),
+    Detection("tower_outliers", (("skip_tower_outliers", 6.0),),
+              "tower_outlier", "skip_tower_outliers_dry_run"),
 )
 # A fault "matters" when it moves the applied update by more than this.
 MOVE_THRESHOLD = 0.1
@@ -84,6 +99,8 @@ class SdcConfig(object):
                          (name, values))
     if not self.models or not self.kinds or not self.detections:
       raise ValueError("models, kinds and detections must not be empty")
+    if self.detections[0].reason is not None:
+      raise ValueError("the first detection must be off (the cost baseline)")
     rules = injection.parse_spec(",".join(k + "@0" for k in self.kinds))
     if any(injection.group(r) == "value" for r in rules):
       raise ValueError("kinds must be finite (scaleF, bitflipK, stale)")
@@ -148,19 +165,6 @@ def _move(num_towers):
   return tf.sqrt(tf.add_n(delta) / tf.add_n(base))
 
 
-def _caught(step, tower):
-  """Whether `step` left the faulted tower's gradients out (a skipped step,
-  or with --skip_unit=tower that tower left out): a bool tensor."""
-  skipped = tf.logical_not(step.applied)
-  unit = step.tower_unit
-  if unit is None:
-    return skipped
-  left_out = unit.left_out[tower]
-  if unit.outliers is not None:  # --skip_tower_outliers' verdicts too.
-    left_out = tf.logical_or(left_out, unit.outliers[tower])
-  return tf.logical_or(skipped, left_out)
-
-
 def _session(params, spec):
   """(session, step) of the trainer's step of `params` with drill `spec`."""
   params = dataclasses.replace(params, inject_nonfinite=spec)
@@ -175,44 +179,67 @@ def _session(params, spec):
   return sess, step
 
 
-def detect(config, m, overrides):
-  """One detection run: false positives of its clean stretch, and per
-  kind the (caught, move) of each fault; a fault the run applied is undone
-  after its step."""
+def _caught(step, detection, tower):
+  """Whether `detection`'s criterion (in its dry run) would have skipped
+  the step, or with 3 towers or more named `tower` an outlier: a bool
+  tensor."""
+  fetches = step.reasons.fetches
+  values = fetches["values"].get(detection.reason, {})
+  if "outlier" in values and int(values["outlier"].shape[0]) >= 3:
+    return values["outlier"][tower]
+  return fetches["fired"][detection.reason]
+
+
+def detect(config, m, detections):
+  """One detection run of every criterion of `detections` (off left out)
+  in its dry run, side by side: per detection, false positives of the
+  clean stretch, and per kind the (caught, move) of each fault; every
+  fault is undone after its step (model, slots, the criteria's history).
+  """
+  detections = [d for d in detections if d.reason is not None]
   clean = config.clean_steps[m]
   spec = fault_spec(config, clean)
   rules = injection.parse_spec(spec)
   total = clean + 2 * len(config.kinds) * config.faults_per_kind
+  overrides = [o for d in detections for o in d.overrides]
+  overrides += [(d.dry_run_param, True) for d in detections]
   with tempfile.TemporaryDirectory() as train_dir:
     sess, step = _session(_params(config, m, train_dir, overrides), spec)
     with sess.graph.as_default():
       move = _move(config.num_towers)
-      caught = [_caught(step, t) for t in range(config.num_towers)]
+      caught = [[_caught(step, d, t) for d in detections]
+                for t in range(config.num_towers)]
       # Model, slots, criteria's history: not the step count (the drill's).
       state = [v for v in tf1.global_variables()
                if v is not tf1.train.get_global_step()]
-    false_positives, faults = 0, collections.defaultdict(list)
+    false_positives = [0] * len(detections)
+    faults = [collections.defaultdict(list) for _ in detections]
     with sess:
       for s in range(total):
         hits = [(t, r) for t in range(config.num_towers)
                 for r in injection.active_rules(rules, s, t)]
         if not hits:
-          flags = sess.run([step.train_op] + caught)[1:]
-          false_positives += any(flags) and s < clean
+          # Any tower named, or the step skipped: caught[t] for each t.
+          flags = sess.run([step.train_op, caught])[1]
+          for k in range(len(detections)):
+            false_positives[k] += (s < clean and
+                                   any(f[k] for f in flags))
           continue
         (tower, rule), = hits  # One fault per step, by construction.
         before = sess.run(state)
         _, hit, moved = sess.run([step.train_op, caught[tower], move])
-        if not hit:
-          # Undone: each fault meets the clean model, not one a missed
-          # 2**16 flip wrecked (which would make every later fault NaN).
-          for variable, value in zip(state, before):
-            variable.load(value, sess)
+        # Undone: each fault meets the clean model and history, not one a
+        # missed 2**16 flip wrecked (which would make every later fault
+        # NaN).
+        for variable, value in zip(state, before):
+          variable.load(value, sess)
         # A non-finite move: the fault made a NaN/Inf (caught by any
         # configuration, off included) or a gradient overflowed float64.
-        faults[rule.kind].append((bool(hit), float(moved)))
-  return {"false_positives": false_positives, "clean_steps": clean,
-          "faults": dict(faults)}
+        for k in range(len(detections)):
+          faults[k][rule.kind].append((bool(hit[k]), float(moved)))
+  return {d.name: {"false_positives": false_positives[k],
+                   "clean_steps": clean, "faults": dict(faults[k])}
+          for k, d in enumerate(detections)}
 
 
 def precision(config, m, overrides, root):
@@ -242,10 +269,11 @@ def good_step_cost(config, m, detections):
   sessions = collections.OrderedDict()
   nodes = {}
   with tempfile.TemporaryDirectory() as train_dir:  # Never written.
-    for name, overrides in detections:
-      sessions[name] = _session(_params(config, m, train_dir, overrides), "")
+    for d in detections:
+      sessions[d.name] = _session(_params(config, m, train_dir, d.overrides),
+                                  "")
     sessions[CONTROL] = _session(
-        _params(config, m, train_dir, detections[0][1]), "")
+        _params(config, m, train_dir, detections[0].overrides), "")
   for name, (sess, step) in sessions.items():
     sess.run(step.train_op)  # One-off initialisation runs here.
     nodes[name] = executed_ops.executed_nodes(sess, step.train_op)
@@ -257,7 +285,7 @@ def good_step_cost(config, m, detections):
       seed=config.seed)
   for sess, _ in sessions.values():
     sess.close()
-  summary = timing.summarize(times, detections[0][0],
+  summary = timing.summarize(times, detections[0].name,
                              config.cost_steps_per_block)
   return {name: {"executed_nodes": nodes[name],
                  "time_ratio": summary[name]["ratio_to_baseline"],
@@ -269,24 +297,28 @@ def run(config, log_fn=print):
   """Measures every model and detection configuration; JSON-able results."""
   config.validate()
   start = time.time()
-  present = [(n, o) for n, o in config.detections if not missing_params(o)]
-  missing = {n: missing_params(o) for n, o in config.detections
-             if missing_params(o)}
+  present = [d for d in config.detections
+             if not missing_params(d.overrides)]
+  missing = {d.name: missing_params(d.overrides) for d in config.detections
+             if missing_params(d.overrides)}
   models = []
   with tempfile.TemporaryDirectory() as root:
     for m, model in enumerate(config.models):
-      result = {"model": model, "detections": {}}
-      for name, overrides in present:
+      t0 = time.time()
+      # Off catches the non-finite faults only (what every run's non-finite
+      # check does): it has no column of its own in the detection run.
+      detected = detect(config, m, present)
+      log_fn("%s detection run: %.0f s" % (model, time.time() - t0))
+      result = {"model": model, "detections": {},
+                "detection_seconds": round(time.time() - t0, 1)}
+      for d in present:
         t0 = time.time()
-        # Off catches the non-finite faults only (what every run's
-        # non-finite check does); the run of a fault it lets through would
-        # measure a wrecked model, not detection.
-        result["detections"][name] = dict(
-            detect(config, m, overrides) if overrides else {},
-            precision=precision(config, m, overrides, root),
+        result["detections"][d.name] = dict(
+            detected.get(d.name, {}),
+            precision=precision(config, m, d.overrides, root),
             seconds=round(time.time() - t0, 1))
-        log_fn("%s %s: %.0f s %s" % (model, name, time.time() - t0,
-                                     _summary(result["detections"][name])))
+        log_fn("%s %s: %.0f s %s" % (model, d.name, time.time() - t0,
+                                     _summary(result["detections"][d.name])))
       result["cost"] = good_step_cost(config, m, present)
       models.append(result)
   return {"config": dataclasses.asdict(config), "models": models,

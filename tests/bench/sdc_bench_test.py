@@ -46,17 +46,34 @@ class SdcBenchTest(tf.test.TestCase):
         models=("small_cnn",), clean_steps=(12,), precision_steps=(1,),
         batch_size=2, faults_per_kind=2, kinds=("scale100", "bitflip22"),
         eval_examples=1).validate()
-    result = sdc_lib.detect(config, 0, (("skip_spikes_sigma", 6.0),
-                                        ("spike_warmup_steps", 8)))
-    self.assertEqual((0, 12), (result["false_positives"],
-                               result["clean_steps"]))
-    scaled, flipped = result["faults"]["scale100"], result["faults"]["bitflip22"]
-    self.assertEqual([True, True], [caught for caught, _ in scaled])
-    # One tower in 4 times 100: the average moves by about 99/4 times the
-    # tower's share; the lowest exponent bit's neighbour moves one element.
-    self.assertTrue(all(move > 10 for _, move in scaled), scaled)
-    self.assertEqual([False, False], [caught for caught, _ in flipped])
-    self.assertTrue(all(0 < move < 0.1 for _, move in flipped), flipped)
+    # Both criteria in one run, each in its dry run, side by side.
+    result = sdc_lib.detect(config, 0, (
+        sdc_lib.DETECTIONS[0],
+        sdc_lib.Detection("spike", (("skip_spikes_sigma", 6.0),
+                                    ("spike_warmup_steps", 8)),
+                          "spike", "spike_dry_run"),
+        sdc_lib.Detection("tower_outliers", (
+            ("skip_tower_outliers", 6.0),
+            ("skip_tower_outliers_warmup_steps", 8)),
+                          "tower_outlier", "skip_tower_outliers_dry_run")))
+    self.assertEqual(["spike", "tower_outliers"], sorted(result))
+    for name in result:
+      self.assertEqual((0, 12), (result[name]["false_positives"],
+                                 result[name]["clean_steps"]), name)
+      faults = result[name]["faults"]
+      scaled, flipped = faults["scale100"], faults["bitflip22"]
+      # (The tower-agreement criterion's catch names the faulted tower.)
+      self.assertEqual([True, True], [caught for caught, _ in scaled], name)
+      # One tower in 4 times 100: the average moves by about 99/4 times
+      # the tower's share; the lowest exponent bit's neighbour moves one
+      # element.
+      self.assertTrue(all(move > 10 for _, move in scaled), scaled)
+      self.assertEqual([False, False], [caught for caught, _ in flipped])
+      self.assertTrue(all(0 < move < 0.1 for _, move in flipped), flipped)
+    # The same faults, measured once.
+    self.assertEqual([m for _, m in result["spike"]["faults"]["scale100"]],
+                     [m for _, m in
+                      result["tower_outliers"]["faults"]["scale100"]])
 
   def testPrecisionRunEvaluatesItsOwnModel(self):
     # Before: evaluated as small_cnn, resnet8's checkpoint failed to load

@@ -43,9 +43,9 @@ class TowerOutliersTrainTest(tf.test.TestCase):
   def testTheLineNamesTheTowerItsDeviceAndTheStatistic(self):
     self.assertRegex(
         self.log, r"step %d: tower 2 \(/device:CPU:2\) left out: outlier, "
-        r"gradient norm [0-9.]+x the other towers' median \(usually "
-        r"[0-9.]+x\): [0-9.]+ sigma > 6, min factor 3; applied 3 of 4 "
-        r"towers" % _S)
+        r"gradient norm [0-9.]+x what its batch explains by the other "
+        r"towers \(usually [0-9.]+x\): [0-9.]+ sigma > 6, min factor 3; "
+        r"applied 3 of 4 towers" % _S)
     self.assertNotIn("halves", self.log)  # No loss scale, no overflow.
 
   def testTheRecordNamesTheTower(self):

@@ -90,14 +90,17 @@ class OutlierVerdictTest(tf.test.TestCase):
         replayed["tower"], replayed["on_tower"], replayed["on_device"]))
     self.assertGreater(replayed["ratio"], replayed["band"][1])
     self.assertEqual(["0", "1", "3"], sorted(replayed["other_norms"]))
+    # The other batches agree, by the same statistic.
+    self.assertTrue(all(r <= replayed["band"][1]
+                        for r in replayed["other_ratios"].values()), replayed)
     # Replayed on the weights the applied step (towers 0, 1, 3) wrote.
     self.assertEqual("after the step", record["weights"])
     ids = [t for t in record["towers"] if t["index"] == 2][0]["example_ids"]
     line = "step %d tower 2: batch (examples [%s]) replayed on tower 3 " % (
         _INPUT_STEP, ", ".join("train#%d" % i for i in ids))
     self.assertIn(line, self.input_logs)
-    self.assertRegex(self.input_logs, r"x the other towers' median [0-9.]+ "
-                     r"\(band [0-9.]+x\.\.[0-9.]+x\); reproducible: the data")
+    self.assertRegex(self.input_logs, r"x what the other towers make of its "
+                     r"batch \(band up to [0-9.]+x\); reproducible: the data")
     dropped, summary = exclusion.excluded(self.input_dir)
     self.assertEqual(sorted(ids), dropped)
     self.assertEqual({"reproducible_batch": len(ids)}, summary["by_reason"])
@@ -132,7 +135,7 @@ class OutlierVerdictTest(tf.test.TestCase):
       self.assertBetween(record["replay"]["ratio"], low, high)
       self.assertIn("step %d tower 2: batch (examples [" % record["step"],
                     self.grads_logs)
-    self.assertRegex(self.grads_logs, r"\(band [0-9.]+x\.\.[0-9.]+x\); not "
+    self.assertRegex(self.grads_logs, r"\(band up to [0-9.]+x\); not "
                      r"reproducible: suspect /device:CPU:2")
     self.assertIn("tower 2 (/device:CPU:2) quarantined: 2 faults that did "
                   "not reproduce on replay (--quarantine_after=2)",
@@ -148,19 +151,33 @@ class OutlierVerdictTest(tf.test.TestCase):
 
 class JudgeTest(tf.test.TestCase):
 
-  def testBandIsTheUsualRatioTimesOrOverTheThreshold(self):
+  def testBandIsUpToTheUsualRatioTimesTheThreshold(self):
     config = tower_outliers.TowerOutlierConfig(6.0, min_factor=3.0)
     criterion = type("C", (), {"config": config})()
     # Ratio 10x, usually 1x, 20 sigmas: sd = ln(10) / 20, 6 sd < ln 3.
     values = {"usual": [1.0, 1.0], "ratio": [1.0, 10.0],
               "sigmas": [0.0, 20.0]}
-    self.assertAllClose((1 / 3.0, 3.0),
+    self.assertAllClose((0.0, 3.0),
                         outlier_replay.band(criterion, values, 1))
     values["sigmas"][1] = 2.0  # sd = ln(10) / 2: 6 sd is the width.
     width = math.exp(6 * math.log(10.0) / 2)
-    self.assertAllClose((2 / width, 2 * width), outlier_replay.band(
+    self.assertAllClose((0.0, 2 * width), outlier_replay.band(
         criterion, dict(values, usual=[1.0, 2.0],
                         ratio=[1.0, 20.0]), 1))
+
+  def testRatiosAreTheCriterionsStatistic(self):
+    # Tower 1's norm is 10x what its batch explains by the others: its
+    # output norm is theirs, its gradient norm 10x theirs; the shared
+    # gradient (norm 0.3) is in every tower's norm.
+    own = [1.0, 10.0, 1.0, 1.0]
+    gauged = [(float(math.hypot(o, 0.3)), 2.0, 0.3) for o in own]
+    r = outlier_replay.ratios(gauged)
+    self.assertAllClose([1.0, 1.0, 1.0], [r[0], r[2], r[3]])
+    self.assertAllClose(math.hypot(10.0, 0.3) / math.hypot(1.0, 0.3), r[1])
+    # A batch the model fits (output norm 1000x smaller) has the shared
+    # gradient's norm: no excess.
+    fitted = gauged[:3] + [(0.3, 0.002, 0.3)]
+    self.assertLess(outlier_replay.ratios(fitted)[3], 1.0 + 1e-6)
 
   def testNamedIsTheFarthestOfSeveralAndNoneOfNone(self):
     # 3 towers, tower 2 scaled: the other two's median is their mean, so
@@ -171,24 +188,24 @@ class JudgeTest(tf.test.TestCase):
               "sigmas": [8.0, 0.5, 30.0]}
     tower, band = outlier_replay.named(criterion, values, [0, 1, 3])
     self.assertEqual(3, tower)
-    self.assertAllClose((1 / 3.0, 3.0), band)
+    self.assertAllClose((0.0, 3.0), band)
     criterion.outlier_towers = lambda values: []
     self.assertIsNone(outlier_replay.named(criterion, values, [0, 1, 3]))
 
   def testOutsideTheBandWithAgreeingOthersIsTheData(self):
     self.assertEqual(
         (replay_lib.REPRODUCIBLE, True, True),
-        outlier_replay.judge(40.0, [3.0, 4.0, 5.0], (1 / 3.0, 3.0), "d")[:3])
+        outlier_replay.judge(40.0, [0.8, 1.1, 1.2], (0.0, 3.0), "d")[:3])
 
   def testOutsideTheBandWithDisagreeingOthersExcludesNothing(self):
     self.assertEqual(
         (outlier_replay.UNDECIDED, True, False),
-        outlier_replay.judge(40.0, [1.0, 4.0, 50.0], (1 / 3.0, 3.0), "d")[:3])
+        outlier_replay.judge(40.0, [1.0, 4.0, 50.0], (0.0, 3.0), "d")[:3])
 
   def testWithinTheBandIsTheDevice(self):
     self.assertEqual(
         (replay_lib.NOT_REPRODUCIBLE % "/gpu:2", False, False),
-        outlier_replay.judge(5.0, [3.0, 4.0, 5.0], (1 / 3.0, 3.0),
+        outlier_replay.judge(1.5, [0.8, 1.1, 1.2], (0.0, 3.0),
                              "/gpu:2")[:3])
 
 

@@ -341,7 +341,7 @@ class OutlierTowerTest(tf.test.TestCase):
     with run.graph.as_default():
       names = [v.op.name for v in state_rules.kept_on_rollback()]
       model_state = [v.op.name for v in tf1.global_variables()
-                     if v.op.name.startswith("tower_outlier_stats/")]
+                     if v.op.name.startswith("tower_outlier_history/")]
     self.assertIn("tower_outlier_by_tower", names)
     # Its statistics are the model's: restored with it.
     self.assertLen(model_state, 3)

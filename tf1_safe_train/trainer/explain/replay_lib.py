@@ -60,7 +60,7 @@ def can_replay(params):
 
 TowerProbe = collections.namedtuple("TowerProbe", [
     "index", "device", "images", "labels", "loss", "probe", "fault_feeds",
-    "grad_norm"], defaults=(None,))
+    "grad_norm", "gauge"], defaults=(None, None))
 TowerProbe.__doc__ = """One tower's replay: its probe and what it is fed.
 
 Attributes:
@@ -74,14 +74,16 @@ Attributes:
   grad_norm: its gradients' global norm (`core.norms`), fetched only by an
     outlier's replay (`outlier_replay`), or None (not built: no
     --skip_tower_outliers).
+  gauge: with `grad_norm`, (its output gradient norm, the shared gradient
+    norm): what its batch explains of the norm (`tower_loss`), or None.
 """
 
 
 def tower_probe(index, device, images, labels, loss, grads_and_vars,
-                tower_drill, build_probe=True, grad_norm=None):
+                tower_drill, build_probe=True, grad_norm=None, gauge=None):
   """Tower `index`'s `TowerProbe` (call in the tower's device and scope);
-  its probe is built only if `build_probe`, else None (and `grad_norm`,
-  the tower's gradient norm an outlier's replay fetches, dropped)."""
+  its probe is built only if `build_probe`, else None (and `grad_norm`
+  and `gauge`, what an outlier's replay fetches, dropped)."""
   # (A drill's flag that is a constant, e.g. the NaN flag of a tower with
   # only scale rules, cannot be fed: `poison` read its static value.)
   faults = {k: v for k, v in tower_drill.in_step_faults().items()
@@ -98,7 +100,7 @@ def tower_probe(index, device, images, labels, loss, grads_and_vars,
   # constants (inactive on replay) are not taken for the first fault.
   probe = replay.Probe([images, labels] + list(faults), [loss] + grads)
   return TowerProbe(index, device, images, labels, loss, probe, faults,
-                    grad_norm)
+                    grad_norm, gauge)
 
 
 class Forensics(object):

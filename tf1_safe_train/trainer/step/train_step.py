@@ -106,13 +106,13 @@ def _or_tower0(tower_nonfinite, flag):
 
 Towers = collections.namedtuple("Towers", [
     "outputs", "grads_and_vars", "statistics", "update_ops", "nonfinite",
-    "inputs", "probes", "devices", "unit", "indices"])
+    "inputs", "probes", "devices", "unit", "indices", "gauges"])
 Towers.__doc__ = """The towers of one step, built (`_build_towers`): per
 tower built (loss, grads_and_vars, fused non-finite flag or None), the
 average, the first tower's statistics and update ops, the towers' flags,
 input, replay probes (None for a quarantined tower), devices, the
-`tower_unit.TowerUnit` (--skip_unit=tower) or None, and the built towers'
-indices."""
+`tower_unit.TowerUnit` (--skip_unit=tower) or None, the built towers'
+indices, and a function building their gauges once (`_tower_gauges`)."""
 
 
 def _optimizer(params, state):
@@ -151,6 +151,7 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
                                         skip_batches)
   devices = strategy.tower_devices()
   probes = {}
+  gauges = {}  # What each tower's batch explains of its gradient norm.
   # An outlier named (3 towers or more) gets a replay of its own.
   replay_outliers = (replays and outliers is not None and
                      not outliers.dry_run and num_towers >= 3)
@@ -158,7 +159,7 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
   def tower_fn(i):
     tower_drill = drill.tower(step_index, i, strategy.worker_index)
     images, labels = tower_inputs.read(i, tower_drill)
-    loss, grads_and_vars = tower_loss.tower_loss_and_grads(
+    loss, grads_and_vars, gauges[i] = tower_loss.tower_loss_and_grads(
         params, images, labels, model_fn, optimizer, tower_drill, loss_scale,
         scale)
     probes[i] = replay_lib.tower_probe(
@@ -166,7 +167,8 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
         build_probe=replays,
         # What an outlier's replay fetches (`outlier_replay`); no step does.
         grad_norm=norms.fused_global_norm([g for g, _ in grads_and_vars])
-        if replay_outliers else None)
+        if replay_outliers else None,
+        gauge=gauges[i]() if replay_outliers else None)
     # Good steps pay for the decision only: the averaged gradients' checks
     # (a NaN/Inf of any tower survives averaging) name the variables, and
     # each tower adds one fused flag, which keeps the tower of a fault that
@@ -178,13 +180,14 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
 
   outputs = towers.build_towers(config, tower_fn, skip=quarantined)
   built = sorted(probes)
+  explained = _tower_gauges(gauges, built)
   left_out = None
   if (outliers is not None and not outliers.dry_run and
       params.skip_unit == "tower"):
     with tf1.device(config.variables_device()):
       left_out = outliers.judge(_tower_norms(outputs)(),
                                 [devices[i] for i in built], built,
-                                num_towers)
+                                num_towers, *explained())
     outliers.leave_out = True
   unit = tower_unit_lib.of_towers(params, outputs, config.variables_device(),
                                   built, left_out)
@@ -206,7 +209,7 @@ def _build_towers(params, strategy, step_index, optimizer, loss_scale, scale,
   return Towers(outputs, grads_and_vars, statistics, update_ops,
                 tower_nonfinite, tower_inputs,
                 [probes.get(i) for i in range(num_towers)], devices, unit,
-                built)
+                built, explained)
 
 
 def _tower_norms(outputs):
@@ -215,12 +218,27 @@ def _tower_norms(outputs):
                                      for _, gv, _ in outputs])
 
 
+def _tower_gauges(gauges, built):
+  """A function building, once, the built towers' stacked output gradient
+  norms and shared gradient norm (`tower_loss`'s gauges)."""
+  made = []
+
+  def build():
+    if not made:
+      pairs = [gauges[i]() for i in built]
+      made.extend([tf.stack([o for o, _ in pairs]), pairs[0][1]])
+    return tuple(made)
+  return build
+
+
 def _tower_values(built, tower_nonfinite):
   """What the criteria see of each tower (`criteria.Context.towers`)."""
   return {"loss": tf.stack([loss for loss, _, _ in built.outputs]),
           "nonfinite": tower_nonfinite,
           # Built only if a criterion reads them.
           tower_outliers.NORM: _tower_norms(built.outputs),
+          tower_outliers.OUTPUT_NORM: lambda: built.gauges()[0],
+          tower_outliers.SHARED_NORM: lambda: built.gauges()[1],
           tower_outliers.DEVICE: [built.devices[i] for i in built.indices],
           tower_outliers.INDEX: list(built.indices)}
 
