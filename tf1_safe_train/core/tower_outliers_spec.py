@@ -20,12 +20,13 @@ class TowerOutlierConfig(collections.namedtuple(
   """What a step calls an outlier tower.
 
   Attributes:
-    sigma: K: a tower whose log-ratio to the other towers' median strays
-      from its own running mean by more than K of its running standard
-      deviations is an outlier (> 0).
-    min_factor: and only if it strays by at least this factor (> 1): a
-      tower's ratio moving from 1.0x to 1.5x is never an outlier, however
-      steady its history.
+    sigma: K: a tower whose gradient norm's log-ratio to what the other
+      towers make of its batch (`tower_outliers`), above 1x, exceeds its
+      own running mean by more than K of its running standard deviations
+      is an outlier (> 0).
+    min_factor: and only if it exceeds it by at least this factor (> 1):
+      a tower's ratio moving from 1.0x to 1.5x is never an outlier,
+      however steady its history.
     warmup_steps: applied steps of history before any tower is an outlier.
     decay: the statistics' moving-average decay once warm (the first
       1 / (1 - decay) values are averaged evenly).
@@ -110,14 +111,16 @@ SPEC = criterion_spec.CriterionSpec(
     reason=REASON,
     flags=(
         _Flag(FLAG, 0.0,
-              "A tower whose gradient norm, as a ratio to the other towers' "
-              "median (log scale), strays from its own running history by "
+              "A tower whose gradient norm is too large for its batch (its "
+              "ratio to the other towers' norm per unit of output gradient, "
+              "times its own; log scale) beyond its own running history by "
               "more than this many standard deviations is an outlier: left "
               "out with --skip_unit=tower, else the step is skipped (2 "
-              "towers: their ratio, the step skipped); e.g. 6; 0 = off."),
+              "towers: either too large, the step skipped); e.g. 6; 0 = "
+              "off."),
         _Flag("skip_tower_outliers_min_factor", 3.0,
-              "--skip_tower_outliers: and only if its ratio strays by at "
-              "least this factor (> 1)."),
+              "--skip_tower_outliers: and only if its ratio exceeds its "
+              "history by at least this factor (> 1)."),
         _Flag("skip_tower_outliers_warmup_steps", 100,
               "--skip_tower_outliers: applied steps of history before a "
               "tower can be an outlier."),
