@@ -20,6 +20,7 @@ makes the docs' tables.
 
 import collections
 import dataclasses
+import json
 import math
 import tempfile
 import time
@@ -255,9 +256,15 @@ def precision(config, m, overrides, root):
   params = _params(config, m, train_dir, overrides, max_steps=steps,
                    inject_nonfinite=spec, save_checkpoints_steps=steps)
   summary = train_lib.train(params)
-  evaluation = eval_lib.evaluate(params_lib.EvalParams(
-      train_dir=train_dir, model=config.models[m],
-      max_examples=config.eval_examples))
+  try:
+    evaluation = eval_lib.evaluate(params_lib.EvalParams(
+        train_dir=train_dir, model=config.models[m],
+        max_examples=config.eval_examples))
+  except eval_lib.NonFiniteLossError:
+    # A flip it applied wrecked the model (finite weights, NaN loss): the
+    # evaluation refuses it; its precision is no better than chance.
+    return {"drill": spec, "precision_at_1": None, "wrecked": True,
+            "skipped_steps": summary["skipped_steps"]}
   return {"drill": spec, "precision_at_1":
           float(evaluation["precision_at_1"]),
           "skipped_steps": summary["skipped_steps"]}
@@ -308,7 +315,9 @@ def run(config, log_fn=print):
       # Off catches the non-finite faults only (what every run's non-finite
       # check does): it has no column of its own in the detection run.
       detected = detect(config, m, present)
-      log_fn("%s detection run: %.0f s" % (model, time.time() - t0))
+      # Its results survive an interruption of what follows.
+      log_fn("%s detection run: %.0f s %s" % (model, time.time() - t0,
+                                              json.dumps(detected)))
       result = {"model": model, "detections": {},
                 "detection_seconds": round(time.time() - t0, 1)}
       for d in present:
@@ -331,9 +340,15 @@ def _summary(detection):
   """A progress line's figures: a run's results survive its interruption."""
   caught = {k: "%d/%d" % (sum(c for c, _ in f), len(f))
             for k, f in detection.get("faults", {}).items()}
-  return "precision %.3f, false positives %s, caught %s" % (
-      detection["precision"]["precision_at_1"],
+  return "precision %s, false positives %s, caught %s" % (
+      _precision(detection["precision"]),
       detection.get("false_positives", "-"), caught or "-")
+
+
+def _precision(precision_run):
+  """"0.903", or "wrecked (NaN loss)" for a model the run wrecked."""
+  value = precision_run["precision_at_1"]
+  return "wrecked (NaN loss)" if value is None else "%.3f" % value
 
 
 def _fraction(flags):
@@ -378,7 +393,7 @@ def _cost_rows(model):
         else "-", "%d" % cost["executed_nodes"],
         "%.3f [%.3f, %.3f]" % ((cost["time_ratio"],) +
                                tuple(cost["time_ratio_ci95"])),
-        "%.3f" % d["precision"]["precision_at_1"] if d else "-"])
+        _precision(d["precision"]) if d else "-"])
   return rows
 
 

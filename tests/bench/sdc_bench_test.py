@@ -96,7 +96,7 @@ class SdcBenchTest(tf.test.TestCase):
     results = {"models": [{"model": "m", "cost": {
         "off": cost, "spike": cost, sdc_lib.CONTROL: cost},
                            "detections": {
-        "off": {"precision": {"precision_at_1": 0.5}},
+        "off": {"precision": {"precision_at_1": None, "wrecked": True}},
         "spike": {"precision": {"precision_at_1": 0.7},
                   "false_positives": 1, "clean_steps": 9,
                   "faults": {"scale10": [[True, 2.0], [False, 0.01]],
@@ -106,6 +106,10 @@ class SdcBenchTest(tf.test.TestCase):
     self.assertIn("| m | bitflip30 | 1/1 | 1/1 | inf | 1/1 | 1/1 |", table)
     self.assertIn("| m | scale10 | 0/2 | 1/2 | 1 | 1/2 | 1/1 |", table)
     self.assertIn("| m | spike | 1/9 | 10 |", table)
+    # A precision run whose model a flip wrecked (its evaluation refuses
+    # a NaN loss; the bench stopped on it before).
+    self.assertIn("| m | off | - | 10 | 1.000 [1.000, 1.000] | wrecked (NaN "
+                  "loss) |", table)
     self.assertEqual(
         "tower_outliers: not in this build (no param skip_future)",
         table.splitlines()[-1])
