@@ -112,7 +112,7 @@ def log_excess(norms, output=None, shared=None):
   # A tower's own part: its norm without the shared gradient's.
   own = tf.sqrt(tf.maximum(tf.square(norms) - shared2,
                            np.finfo(np.float64).tiny))
-  # The others' own norm per unit of output norm (their median, ...).
+  # The others' own norm per unit of output norm (`_others_reference`).
   per_unit = tf.exp(_others_reference(tf.math.log(own / output)))
   expected = tf.sqrt(tf.square(per_unit * output) + shared2)
   return tf.math.log(norms) - tf.math.log(expected)

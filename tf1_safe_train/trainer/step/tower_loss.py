@@ -37,7 +37,11 @@ def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
   decay = optimization.weight_decay_loss(params.weight_decay)
   loss = cross_entropy + decay if decay is not None else cross_entropy
 
+  built = []  # Once: the step's criterion and an outlier's replay share it.
+
   def gauge():
+    if built:
+      return built[0]
     with tf1.colocate_with(logits.op):
       output = _output_grad_norm(per_example, cross_entropy, logits)
       # decay = wd * |w|^2 / 2, so its gradient wd * w has the norm
@@ -45,7 +49,8 @@ def tower_loss_and_grads(params, images, labels, model_fn, optimizer,
       shared = (tf.sqrt(tf.maximum(decay, 0.0) *
                         (2.0 * params.weight_decay))
                 if decay is not None else tf.constant(0.0))
-    return output, shared
+    built.append((output, shared))
+    return built[0]
 
   loss = tower_drill.loss(loss)
   kwargs = dict(var_list=tf1.trainable_variables(),
